@@ -1,0 +1,1 @@
+"""The asyncio rollout engine and the ``bunshin`` command line."""

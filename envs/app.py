@@ -1,0 +1,180 @@
+"""The contract for applications that live in a workspace, and the helpers that make their state forkable.
+
+Owns: ``WorkspaceApp`` (state kept in the host process: Python objects, huge-page heaps, open files, listening
+sockets), ``AppContext`` (what the runtime gives an app: its workspace id and seed, a seeded random stream, files
+and sockets that the runtime re-opens or re-creates in a clone), and the after-fork sequence for an app.
+Must never: assume it runs in a particular workspace across a fork: everything tied to the source's file system
+or network namespace goes through the context, which rebinds it in the clone.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .records import Observation
+
+Tool = Callable[[dict[str, Any]], Observation]
+
+
+class ReopenableFile:
+    """A file the app keeps open; after a fork the clone's copy is re-opened in the clone's file system at the
+    same offset (the inherited descriptor would still point into the source's files)."""
+
+    def __init__(self, path: str, mode: str):
+        self.path, self.mode = path, mode
+        self.file: IO[Any] = open(path, mode)
+
+    def reopen(self) -> None:
+        position = self.file.tell() if not self.file.closed else 0
+        self.file.close()
+        mode = self.mode.replace("w", "r+").replace("x", "r+")  # never truncate the clone's copy
+        self.file = open(self.path, mode)
+        self.file.seek(position)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class RebindableSocket:
+    """A TCP listening socket on the workspace's loopback; a clone gets a new one bound in its own network
+    namespace (the inherited one stays bound in the source's)."""
+
+    def __init__(self, port: int, backlog: int = 64):
+        self.port, self.backlog = port, backlog
+        self.sock = self._listen()
+
+    def _listen(self) -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(self.backlog)
+        self.port = s.getsockname()[1]
+        return s
+
+    def rebind(self) -> None:
+        self.sock.close()
+        self.sock = self._listen()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class HugeHeap:
+    """Anonymous memory for large application state, advised to use transparent huge pages.
+
+    Why: forking copies page tables; a 1 GiB heap in 4 KiB pages costs ~28 ms to fork here, in 2 MiB pages
+    ~1.6 ms, and a write after the fork still copies only 4 KiB (the kernel splits the huge page).
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.map = mmap.mmap(-1, max(size, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self.map.madvise(mmap.MADV_HUGEPAGE)
+
+    def close(self) -> None:
+        self.map.close()
+
+
+@dataclass
+class AppContext:
+    """What the runtime hands an application. ``rng`` and the global ``random`` are reseeded in every clone."""
+
+    ws_id: str
+    seed: int
+    rng: random.Random
+    run_agent: Callable[[str, float], Observation]
+    files: list[ReopenableFile] = field(default_factory=list)
+    sockets: list[RebindableSocket] = field(default_factory=list)
+
+    def open(self, path: str, mode: str = "r") -> ReopenableFile:
+        f = ReopenableFile(path, mode)
+        self.files.append(f)
+        return f
+
+    def listen(self, port: int = 0) -> RebindableSocket:
+        s = RebindableSocket(port)
+        self.sockets.append(s)
+        return s
+
+    def reseed(self, seed: int) -> None:
+        self.seed = seed
+        self.rng.seed(seed)
+        random.seed(seed)
+        np = _numpy_if_loaded()
+        if np is not None:
+            np.random.seed(seed % (1 << 32))
+
+    def rebind_after_fork(self) -> None:
+        for f in self.files:
+            f.reopen()
+        for s in self.sockets:
+            s.rebind()
+
+
+def _numpy_if_loaded() -> Any:
+    import sys
+
+    return sys.modules.get("numpy")
+
+
+class WorkspaceApp:
+    """Base class: an application whose state lives in the workspace host process.
+
+    Subclasses override what they need. Tools take a dict of arguments and return an Observation; raising
+    ``ToolError`` gives the agent an observation with the error and leaves the workspace running.
+    """
+
+    def __init__(self, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} takes no arguments, got {sorted(kwargs)}")
+
+    def setup(self, ctx: AppContext) -> None:
+        """Build the initial state (runs once, inside the workspace, after its root is in place)."""
+
+    def tools(self) -> dict[str, Tool]:
+        return {}
+
+    def before_fork(self, ctx: AppContext) -> None:
+        """Quiesce: flush buffered writes so the file snapshot taken next is consistent with memory."""
+        for f in ctx.files:
+            if not f.file.closed:
+                f.file.flush()
+
+    def after_fork(self, ctx: AppContext) -> None:
+        """Runs in the clone after the runtime re-opened files, re-created sockets and reseeded random state."""
+
+    def checkpoint(self) -> bytes:
+        """Serialised state for the private-restore backend (the CRIU-like baseline)."""
+        return b""
+
+    def restore(self, ctx: AppContext, data: bytes) -> None:
+        """Rebuild state from ``checkpoint()`` output in a fresh workspace, in private memory."""
+
+    def close(self) -> None:
+        """Release resources; called before the host exits."""
+
+
+class ToolError(Exception):
+    """A tool refused its arguments or failed; the agent sees the message, the workspace goes on."""
+
+
+def nbytes_of(value: str | int) -> int:
+    """Parse sizes such as ``64M``, ``1G``, ``4096``."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def pages(size: int) -> int:
+    return (size + os.sysconf("SC_PAGE_SIZE") - 1) // os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,219 @@
+"""Control groups for workspaces: one parent per run, one child per workspace, on cgroup v1 or v2.
+
+Owns: finding the controllers this host mounts, creating and removing the run's parent and each workspace's
+group in every hierarchy we use (memory, pids, freezer), limits, the charge and limit-hit counters that say a
+workspace was stopped by its limits, and killing every process in a group.
+Must never: touch a group it did not create (every directory it makes is named ``bunshin-*``), or leave one behind
+on any path that reaches ``remove``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTROLLERS = ("memory", "pids", "freezer")
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """Where this host mounts the controllers we use. ``version`` is 2 when one unified hierarchy has them all."""
+
+    version: int
+    roots: dict[str, Path]  # controller -> hierarchy root (v2: the same path for every controller)
+
+    @classmethod
+    def detect(cls, mountinfo: str | None = None) -> CgroupLayout:
+        if mountinfo is None:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        v1: dict[str, Path] = {}
+        v2_root: Path | None = None
+        for line in mountinfo.splitlines():
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(rfields) < 3:
+                continue
+            fstype, mount_point, super_opts = rfields[0], Path(fields[4]), rfields[2].split(",")
+            if fstype == "cgroup":
+                for ctrl in CONTROLLERS:
+                    if ctrl in super_opts:
+                        v1.setdefault(ctrl, mount_point)
+            elif fstype == "cgroup2" and v2_root is None:
+                v2_root = mount_point
+        if v2_root is not None:
+            try:
+                available = (v2_root / "cgroup.controllers").read_text().split()
+            except OSError:
+                available = []
+            if "memory" in available and "pids" in available and "memory" not in v1:
+                return cls(version=2, roots={c: v2_root for c in CONTROLLERS})
+        if "memory" not in v1 or "pids" not in v1:
+            raise CgroupUnavailable(f"no usable memory and pids cgroup controllers (v1 found: {sorted(v1)})")
+        return cls(version=1, roots=v1)
+
+    @property
+    def has_freezer(self) -> bool:
+        return self.version == 2 or "freezer" in self.roots
+
+    def hierarchies(self) -> dict[str, Path]:
+        """Distinct hierarchy roots by controller (v2: a single entry)."""
+        if self.version == 2:
+            return {"unified": self.roots["memory"]}
+        return dict(self.roots)
+
+
+class CgroupUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """One group present in every hierarchy of ``layout``; ``rel`` is its path below each root."""
+
+    layout: CgroupLayout
+    rel: str
+
+    def path(self, controller: str) -> Path:
+        key = "unified" if self.layout.version == 2 else controller
+        return self.layout.hierarchies()[key] / self.rel
+
+    def dirs(self) -> list[Path]:
+        return [root / self.rel for root in self.layout.hierarchies().values()]
+
+    def child(self, name: str) -> Cgroup:
+        return Cgroup(self.layout, f"{self.rel}/{name}")
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def create(self) -> Cgroup:
+        for d in self.dirs():
+            d.mkdir(exist_ok=True)
+        if self.layout.version == 2:
+            # Children of this group get memory and pids accounting.
+            _write(self.path("memory") / "cgroup.subtree_control", "+memory +pids")
+        return self
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kill everything inside, then remove the group and its descendants. Safe to call twice."""
+        self.kill_all(timeout)
+        for d in self.dirs():
+            if not d.exists():
+                continue
+            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                _rmdir_retry(sub, timeout)
+            _rmdir_retry(d, timeout)
+
+    # -- processes -------------------------------------------------------------------------------------------
+    def procs(self, recursive: bool = True) -> list[int]:
+        pids: set[int] = set()
+        base = self.path("memory")
+        dirs = [base] + ([p for p in base.rglob("*") if p.is_dir()] if recursive and base.exists() else [])
+        for d in dirs:
+            try:
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                pass
+        return sorted(pids)
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs():
+            _write(d / "cgroup.procs", str(pid))
+
+    def kill_all(self, timeout: float = 10.0) -> None:
+        if not self.path("memory").exists():
+            return
+        if self.layout.version == 2 and (self.path("memory") / "cgroup.kill").exists():
+            _write(self.path("memory") / "cgroup.kill", "1")
+        deadline = time.monotonic() + timeout
+        self.freeze(True)
+        try:
+            while pids := self.procs():
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                self.freeze(False)  # a frozen task dies only once thawed
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cgroup {self.rel}: processes {pids} survive SIGKILL")
+                time.sleep(0.005)
+        finally:
+            self.freeze(False)
+
+    def freeze(self, frozen: bool) -> None:
+        if not self.layout.has_freezer:
+            return
+        if self.layout.version == 2:
+            target = self.path("memory") / "cgroup.freeze"
+            if target.exists():
+                _write(target, "1" if frozen else "0")
+            return
+        state = self.path("freezer") / "freezer.state"
+        if state.exists():
+            _write(state, "FROZEN" if frozen else "THAWED")
+
+    # -- limits and counters ---------------------------------------------------------------------------------
+    def set_limits(self, memory_bytes: int | None, pids: int | None) -> None:
+        if self.layout.version == 2:
+            base = self.path("memory")
+            if memory_bytes is not None:
+                _write(base / "memory.max", str(memory_bytes))
+                if (base / "memory.swap.max").exists():
+                    _write(base / "memory.swap.max", "0")
+            if pids is not None:
+                _write(base / "pids.max", str(pids))
+            return
+        if memory_bytes is not None:
+            _write(self.path("memory") / "memory.limit_in_bytes", str(memory_bytes))
+            swap = self.path("memory") / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                _write(swap, str(memory_bytes))
+        if pids is not None:
+            _write(self.path("pids") / "pids.max", str(pids))
+
+    def memory_charge(self) -> int:
+        name = "memory.current" if self.layout.version == 2 else "memory.usage_in_bytes"
+        try:
+            return int((self.path("memory") / name).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def oom_kills(self) -> int:
+        name = "memory.events" if self.layout.version == 2 else "memory.oom_control"
+        return _counter(self.path("memory") / name, "oom_kill")
+
+    def pids_limit_hits(self) -> int:
+        return _counter(self.path("pids") / "pids.events", "max")
+
+
+def _counter(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _rmdir_retry(path: Path, timeout: float) -> None:
+    # A group whose last task just died stays busy until the kernel finishes tearing the task down.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)

@@ -1,0 +1,68 @@
+"""Clean-up of runs whose engine died (killed, crashed, machine reset): the path taken at every start.
+
+Owns: deciding that a run is dead (its engine's PID is gone or belongs to a newer process) and removing what it
+left: processes (through its cgroups), the pool mount and its loop device, the run directory.
+Must never: touch a run whose engine is alive.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from . import syscalls
+from .cgroups import Cgroup, CgroupLayout, CgroupUnavailable
+
+
+def process_start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start time in clock ticks since boot
+
+
+def _engine_alive(run_dir: Path) -> bool:
+    try:
+        info = json.loads((run_dir / "engine.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return process_start_time(int(info["pid"])) == info.get("start_time")
+
+
+def _mount_points() -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def remove_stale_runs(state_dir: Path) -> list[str]:
+    """Remove every dead run under ``state_dir`` and every ``bunshin-*`` cgroup without a live run."""
+    removed: list[str] = []
+    runs_dir = state_dir / "runs"
+    live: set[str] = set()
+    dead: list[Path] = []
+    if runs_dir.is_dir():
+        for run_dir in sorted(runs_dir.iterdir()):
+            (live.add(run_dir.name) if _engine_alive(run_dir) else dead.append(run_dir))
+    try:
+        layout = CgroupLayout.detect()
+    except CgroupUnavailable:
+        layout = None
+    if layout is not None:
+        names = {p.name for root in layout.hierarchies().values() for p in root.glob("bunshin-*") if p.is_dir()}
+        for name in sorted(names):
+            run_id = name.removeprefix("bunshin-")
+            if run_id not in live:
+                Cgroup(layout, name).remove()
+                removed.append(f"cgroup {name}")
+    mounts = _mount_points()
+    for run_dir in dead:
+        for mnt in sorted((m for m in mounts if m.startswith(str(run_dir) + "/")), key=len, reverse=True):
+            try:
+                syscalls.umount(mnt, syscalls.MNT_DETACH)
+                removed.append(f"mount {mnt}")
+            except OSError:
+                pass
+        shutil.rmtree(run_dir, ignore_errors=True)
+        removed.append(f"run {run_dir.name}")
+    return removed

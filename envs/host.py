@@ -1,0 +1,446 @@
+"""The workspace host: the one process inside a workspace that owns its application state and answers the engine.
+
+Owns: building the workspace (cgroup, namespaces, root file system) at start, serving the engine's requests over
+its Unix socket one at a time, running agent commands as the unprivileged user in the workspace's PID namespace,
+and the source and clone sides of a live fork. It runs single-threaded, which is what makes ``fork()`` safe.
+Must never: let an agent command inherit a descriptor of ours, run after the engine has died, or stop serving
+because of one bad request.
+
+Run as ``python -m bunshin.envs.host --channel FD --pool FD --cgroups FD[,FD...]``; the first frame on the
+channel is a HostConfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from . import checkpoint_file, image, namespaces, rootfs, syscalls
+from .app import AppContext, ToolError, WorkspaceApp
+from .channel import ChannelClosed, recv_frame, send_frame
+from .layers import snapshot_at
+from .records import (
+    Checkpoint,
+    Checkpointed,
+    CloneSpec,
+    Close,
+    Closed,
+    Execute,
+    Executed,
+    Failed,
+    Fork,
+    Forked,
+    HostConfig,
+    Observation,
+    Ping,
+    Pong,
+    Ready,
+    Reply,
+    Request,
+    config_decoder,
+    encoder,
+    request_decoder,
+)
+
+MAX_OUTPUT = 64 << 10
+AGENT_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": image.AGENT_HOME,
+    "USER": image.AGENT_USER,
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+}
+HOST_OOM_SCORE_ADJ = -500  # the OOM killer takes an agent's memory hog before the host
+AGENT_OOM_SCORE_ADJ = 800
+
+
+class BecameClone(Exception):
+    """Raised in a freshly forked clone to unwind the source's request handler back to the serve loop."""
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class Host:
+    def __init__(self, sock: socket.socket, pool_fd: int, cgroup_fds: list[int], config: HostConfig):
+        self.sock = sock
+        self.pool_path_fd = pool_fd  # O_PATH, keeps the detached pool mount alive
+        self.pool_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd)
+        self.cgroup_fds = cgroup_fds
+        self.config = config
+        self.ws_id = config.ws_id
+        self.frozen = False
+        self.state_version = 0
+        self.own_pidns_fd = namespaces.open_ns("pid")  # the engine's PID namespace, shared by every host
+        self.layer_fd = -1
+        self.agent_init_pid: int | None = None
+        self.agent_pidns_fd: int | None = None
+        module, _, qualname = config.app.target.partition(":")
+        app_cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            app_cls = getattr(app_cls, part)
+        if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
+            raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
+        self.app: WorkspaceApp = app_cls(**config.app.kwargs)
+        self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
+                              run_agent=self.run_agent)
+
+    # -- faults (named steps a test can make fail) ------------------------------------------------------------
+    def fault(self, name: str) -> None:
+        if name in self.config.faults:
+            raise InjectedFault(f"injected fault at {name}")
+        if f"{name}:exit" in self.config.faults:
+            os._exit(66)
+
+    # -- start ------------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Join the cgroup, enter fresh namespaces, assemble the root and pivot into it; then set up the app."""
+        start = time.monotonic()
+        cfg = self.config
+        self._join_cgroup(cfg.cgroup_rel)
+        try:  # lowering needs CAP_SYS_RESOURCE, which some sandboxes drop; agents are raised regardless
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(HOST_OOM_SCORE_ADJ))
+        except PermissionError:
+            pass
+        namespaces.enter_new_workspace_namespaces(cfg.hostname)
+        os.fchdir(self.pool_fd)
+        self.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
+        rootfs.assemble_and_pivot(target=cfg.mount_target, lower=cfg.lower, layer=cfg.layer, frozen=False,
+                                  binds=cfg.binds, private_tops=cfg.private_tops)
+        namespaces.loopback_up()
+        if cfg.restore_from is not None:
+            mapping, payload = checkpoint_file.map_verified(self.pool_fd, cfg.restore_from)
+            try:
+                self.app.restore(self.ctx, payload)
+            finally:
+                payload.release()
+                mapping.close()
+        else:
+            self.app.setup(self.ctx)
+        self.fault("start.after_setup")
+        self.reply(Ready(ws_id=self.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
+
+    def _join_cgroup(self, rel: str) -> None:
+        for fd in self.cgroup_fds:
+            procs = os.open(f"{rel}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                os.write(procs, b"0")  # "0" is the writing process itself
+            finally:
+                os.close(procs)
+
+    # -- serving ----------------------------------------------------------------------------------------------
+    def reply(self, message: Reply) -> None:
+        send_frame(self.sock, encoder.encode(message))
+
+    def serve(self) -> None:
+        while True:
+            try:
+                body, fds = recv_frame(self.sock)
+            except ChannelClosed:
+                self.shutdown()
+                return
+            try:
+                request = request_decoder.decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                for fd in fds:
+                    os.close(fd)
+                self.reply(Failed(kind="bad_request", message=f"cannot decode request: {exc}"))
+                continue
+            try:
+                reply = self.handle(request, fds)
+            except BecameClone:
+                continue  # this process is now the clone; it already announced itself on its own channel
+            except InjectedFault as exc:
+                reply = Failed(kind="fault", message=str(exc))
+            except Exception as exc:  # one bad request never stops the host
+                traceback.print_exc()
+                reply = Failed(kind="internal", message=f"{type(exc).__name__}: {exc}")
+            self.reply(reply)
+            if isinstance(request, Close):
+                return
+
+    def handle(self, request: Request, fds: list[int]) -> Reply:
+        if not isinstance(request, Fork):
+            for fd in fds:
+                os.close(fd)
+        match request:
+            case Execute(call=call, timeout_s=timeout_s):
+                if self.frozen:
+                    return Failed(kind="bad_request", message=f"{self.ws_id} is a snapshot: it runs no tools")
+                return Executed(observation=self.execute(call.name, call.args, timeout_s))
+            case Fork(clone=spec):
+                return self.fork(spec, fds)
+            case Checkpoint(path=path, layer=layer):
+                return self.checkpoint(path, layer)
+            case Ping():
+                return Pong(pid=os.getpid(), state_version=self.state_version)
+            case Close():
+                self.shutdown()
+                return Closed()
+        return Failed(kind="bad_request", message=f"unhandled request {type(request).__name__}")
+
+    def shutdown(self) -> None:
+        self.kill_agents()
+        try:
+            self.app.close()
+        except Exception:
+            pass
+
+    # -- tools ------------------------------------------------------------------------------------------------
+    def execute(self, name: str, args: dict[str, Any], timeout_s: float) -> Observation:
+        started = time.monotonic()
+        self.state_version += 1
+        try:
+            if name == "shell":
+                cmd = args.get("cmd")
+                if not isinstance(cmd, str):
+                    raise ToolError("shell needs a string argument 'cmd'")
+                unknown = set(args) - {"cmd", "timeout_s"}
+                if unknown:
+                    raise ToolError(f"shell got unknown arguments {sorted(unknown)}")
+                obs = self.run_agent(cmd, float(args.get("timeout_s", timeout_s)))
+            else:
+                tools = self.app.tools()
+                if name not in tools:
+                    raise ToolError(f"unknown tool {name!r} (available: {sorted(['shell', *tools])})")
+                obs = tools[name](args)
+        except ToolError as exc:
+            obs = Observation(error=str(exc))
+        except Exception as exc:
+            obs = Observation(error=f"tool {name!r} failed: {type(exc).__name__}: {exc}")
+        return msgspec.structs.replace(obs, tool_seconds=time.monotonic() - started)
+
+    def run_agent(self, cmd: str, timeout_s: float) -> Observation:
+        """Run ``cmd`` with /bin/sh as the agent user in the workspace's PID namespace."""
+        self._ensure_agent_namespace()
+        assert self.agent_pidns_fd is not None
+        syscalls.setns(self.agent_pidns_fd, syscalls.CLONE_NEWPID)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", cmd], cwd=image.AGENT_HOME, env=AGENT_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_agent_preexec,
+            )
+        finally:
+            syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # A timed-out command takes the whole agent namespace with it (its background jobs too).
+            timed_out = True
+            self.kill_agents()
+            out, _ = proc.communicate()
+        text = out[:MAX_OUTPUT].decode("utf-8", "replace")
+        if timed_out:
+            return Observation(output=text, exit_code=proc.returncode,
+                               error=f"command timed out after {timeout_s:g}s")
+        return Observation(output=text, exit_code=proc.returncode)
+
+    def _ensure_agent_namespace(self) -> None:
+        if self.agent_init_pid is not None:
+            return
+        syscalls.unshare(syscalls.CLONE_NEWPID)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _agent_init(ready_w)
+        os.close(ready_w)
+        ok = os.read(ready_r, 1)
+        os.close(ready_r)
+        syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
+        if ok != b"1":
+            os.waitpid(pid, 0)
+            raise ToolError("could not start the workspace's agent PID namespace")
+        self.agent_init_pid = pid
+        # Our own /proc view now is the agent namespace's: PID 1 there is the init we just made.
+        self.agent_pidns_fd = os.open("/proc/1/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def kill_agents(self) -> None:
+        """SIGKILL the agent namespace's init, which takes every agent process with it."""
+        if self.agent_init_pid is None:
+            return
+        try:
+            os.kill(self.agent_init_pid, signal.SIGKILL)
+            os.waitpid(self.agent_init_pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        self.agent_init_pid = None
+        if self.agent_pidns_fd is not None:
+            os.close(self.agent_pidns_fd)
+            self.agent_pidns_fd = None
+
+    # -- live fork ---------------------------------------------------------------------------------------------
+    def fork(self, spec: CloneSpec, fds: list[int]) -> Reply:
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            return Failed(kind="bad_request", message=f"fork needs exactly one descriptor, got {len(fds)}")
+        clone_fd = fds[0]
+        started = time.monotonic_ns()
+        try:
+            self.app.before_fork(self.ctx)
+            self.fault("fork.before_snapshot")
+            snapshot_at(self.pool_fd, self.layer_fd, spec.layer, readonly=spec.frozen)
+            self.fault("fork.after_snapshot")
+            gc.freeze()  # keep the collector from touching (and so copying) every object page in the clone
+            pid = os.fork()
+        except BaseException:
+            os.close(clone_fd)
+            raise
+        if pid == 0:
+            self._fork_intermediate(spec, clone_fd)  # returns only in the clone
+            raise BecameClone
+        os.close(clone_fd)
+        _, status = os.waitpid(pid, 0)
+        frozen_for = time.monotonic_ns() - started
+        if status != 0:
+            return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
+        return Forked(freeze_ns=frozen_for)
+
+    def _fork_intermediate(self, spec: CloneSpec, clone_fd: int) -> None:
+        """Fork once more and exit, so the clone is orphaned onto the engine (a child subreaper), not onto us."""
+        try:
+            if os.fork() != 0:
+                os._exit(0)
+        except BaseException:
+            os._exit(70)
+        try:
+            self._become_clone(spec, clone_fd)
+        except BaseException as exc:
+            try:
+                send_frame(socket.socket(fileno=clone_fd),
+                           encoder.encode(Failed(kind="fork", message=f"clone setup failed: {exc!r}")))
+            finally:
+                os._exit(71)
+
+    def _become_clone(self, spec: CloneSpec, clone_fd: int) -> None:
+        started = time.monotonic()
+        self.sock.close()  # the source's channel; the clone answers on its own
+        self.sock = socket.socket(fileno=clone_fd)
+        os.setsid()
+        _die_with_engine(self.config.engine_pid)
+        self._join_cgroup(spec.cgroup_rel)
+        self.fault("clone.after_cgroup")
+        namespaces.enter_new_workspace_namespaces(spec.hostname)
+        os.fchdir(self.pool_fd)
+        layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
+        rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=self.config.lower, layer=spec.layer,
+                                  frozen=spec.frozen, binds=self.config.binds, private_tops=[])
+        os.close(self.layer_fd)
+        self.layer_fd = layer_fd
+        # The source's agent namespace is not ours; ours starts with the first agent command.
+        if self.agent_pidns_fd is not None:
+            os.close(self.agent_pidns_fd)
+        self.agent_pidns_fd = None
+        self.agent_init_pid = None
+        self.ws_id, self.frozen = spec.ws_id, spec.frozen
+        self.ctx.ws_id = spec.ws_id
+        if not spec.frozen:
+            namespaces.loopback_up()
+            self.ctx.reseed(spec.seed)
+            self.ctx.rebind_after_fork()
+            self.app.after_fork(self.ctx)
+        self.reply(Ready(ws_id=self.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started))
+
+    # -- checkpoint (private-restore baseline) ------------------------------------------------------------------
+    def checkpoint(self, path: str, layer: str) -> Reply:
+        started = time.monotonic_ns()
+        self.app.before_fork(self.ctx)
+        state = self.app.checkpoint()
+        parts = state if isinstance(state, list) else [state]
+        written = checkpoint_file.write(self.pool_fd, path, parts)
+        snapshot_at(self.pool_fd, self.layer_fd, layer, readonly=True)
+        return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started)
+
+
+def _agent_preexec() -> None:
+    """In the agent command's child, before exec: make it the OOM killer's first pick, then drop to the agent
+    user for good (the score must be written while we still own our /proc entry)."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(AGENT_OOM_SCORE_ADJ))
+    os.setgroups([])
+    os.setresgid(image.AGENT_GID, image.AGENT_GID, image.AGENT_GID)
+    os.setresuid(image.AGENT_UID, image.AGENT_UID, image.AGENT_UID)
+    syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _agent_init(ready_w: int) -> None:
+    """PID 1 of the agent namespace: mount its /proc, then reap orphans until killed. Never returns."""
+    try:
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, 65536)
+        syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+        try:
+            syscalls.umount("/proc", syscalls.MNT_DETACH)
+        except OSError:
+            pass
+        rootfs.mount_proc()
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                signal.pause()
+            except InterruptedError:
+                pass
+    except BaseException:
+        os._exit(1)
+
+
+def _die_with_engine(engine_pid: int) -> None:
+    """Get SIGKILL when the engine dies. Only once reparented onto it: death signals fire on reparenting."""
+    deadline = time.monotonic() + 5
+    while os.getppid() != engine_pid:
+        if time.monotonic() > deadline:
+            os._exit(72)
+        time.sleep(0.0001)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != engine_pid:
+        os._exit(73)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bunshin.envs.host")
+    parser.add_argument("--channel", type=int, required=True)
+    parser.add_argument("--pool", type=int, required=True)
+    parser.add_argument("--cgroups", required=True)
+    args = parser.parse_args(argv)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    sock = socket.socket(fileno=args.channel)
+    sock.setblocking(True)
+    body, _ = recv_frame(sock)
+    config = config_decoder.decode(body)
+    if os.getppid() != config.engine_pid:
+        return 73
+    cgroup_fds = [int(x) for x in args.cgroups.split(",") if x]
+    try:
+        host = Host(sock, args.pool, cgroup_fds, config)
+        host.build()
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            send_frame(sock, encoder.encode(Failed(kind="start", message=f"{type(exc).__name__}: {exc}")))
+        finally:
+            os._exit(74)
+    host.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

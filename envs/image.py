@@ -1,0 +1,158 @@
+"""Base images: the read-only bottom layer of every workspace's root file system.
+
+Owns: assembling the default image from the host's system directories (a skeleton with a minimal /etc and
+Debian's merged-/usr links, onto which the host's /usr is bind-mounted read-only inside each workspace), and
+placing an image directory or tarball in the run's pool; the list of bind mounts a workspace needs, including the
+runtime's own Python installation, mounted read-only at its host path below a directory only root can traverse.
+Must never: expose a host directory to agent commands beyond /usr and the runtime's own interpreter and sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AGENT_USER = "agent"
+AGENT_UID = 65000
+AGENT_GID = 65000
+AGENT_HOME = "/home/agent"
+CLONE_ROOT = "/.bunshin"  # empty directory in every root, where a clone mounts its new root before pivoting
+
+# Top-level directories agents legitimately use: a private runtime path below one of them is hidden one level down.
+_SHARED_TOP = {"home", "usr", "tmp", "var", "srv", "mnt", "media", "run", "opt"}
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A bind mount into the workspace: ``source`` as the host sees it, mounted at the same path inside."""
+
+    path: str
+    readonly: bool = True
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image ready for overlayfs: ``lower`` is relative to the pool root; ``binds`` go on top of the root."""
+
+    name: str
+    lower: str
+    binds: tuple[Bind, ...] = field(default=())
+
+
+def runtime_paths() -> list[str]:
+    """Host directories the workspace host's interpreter may import from (minimal cover, none under /usr):
+    the interpreter's prefixes, its site-packages, and the tree bunshin's own sources live in. Other entries of
+    ``sys.path`` (a script's directory, say) are not exposed; an app must be importable from these."""
+    import site
+
+    import bunshin.envs
+
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(bunshin.envs.__file__).parent.parent)}
+    candidates.update(p for p in site.getsitepackages() if os.path.isdir(p))
+    real = sorted({os.path.realpath(p) for p in candidates})
+    cover: list[str] = []
+    for p in real:
+        if p == "/" or p == "/usr" or p.startswith("/usr/"):
+            continue
+        if any(p == c or p.startswith(c + "/") for c in cover):
+            continue
+        cover.append(p)
+    return cover
+
+
+def private_top(path: str) -> str:
+    """The directory made 0700 so that agents cannot traverse into the runtime bind mounted at ``path``."""
+    parts = Path(path).parts
+    if len(parts) > 2 and parts[1] in _SHARED_TOP:
+        return str(Path(*parts[:3]))
+    return str(Path(*parts[:2]))
+
+
+def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedImage:
+    """Skeleton root for the host-derived image: merged-/usr links, minimal /etc, empty mount points."""
+    root = pool_root / name
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(mode=0o755)
+    for link, target in (("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"),
+                         ("lib32", "usr/lib32"), ("libx32", "usr/libx32")):
+        if os.path.lexists(f"/{link}"):
+            os.symlink(target, root / link)
+    for d, mode in (("usr", 0o755), ("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777),
+                    ("var", 0o755), ("var/tmp", 0o1777), ("run", 0o755), ("root", 0o700), ("home", 0o755),
+                    ("etc", 0o755), ("mnt", 0o755), ("opt", 0o755), (CLONE_ROOT.lstrip("/"), 0o700)):
+        (root / d).mkdir(mode=mode, exist_ok=True)
+        os.chmod(root / d, mode)
+    home = root / AGENT_HOME.lstrip("/")
+    home.mkdir(parents=True)
+    os.chown(home, AGENT_UID, AGENT_GID)
+    etc = root / "etc"
+    (etc / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\n"
+        f"{AGENT_USER}:x:{AGENT_UID}:{AGENT_GID}:agent:{AGENT_HOME}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\n{AGENT_USER}:x:{AGENT_GID}:\nnogroup:x:65534:\n")
+    (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    (etc / "resolv.conf").write_text("")
+    (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
+    for name_ in ("os-release", "ld.so.cache", "ld.so.conf", "debian_version", "profile", "bash.bashrc",
+                  "inputrc", "mime.types", "localtime", "timezone"):
+        src = Path("/etc") / name_
+        if src.exists():
+            shutil.copy2(src, etc / name_, follow_symlinks=True)
+    for tree in ("alternatives", "ld.so.conf.d", "ssl", "python3", "python3.11"):
+        src = Path("/etc") / tree
+        if src.is_dir():
+            shutil.copytree(src, etc / tree, symlinks=True)
+    return PreparedImage(name=name, lower=name, binds=(Bind("/usr"),))
+
+
+def add_runtime_mount_points(image_root: Path, paths: list[str]) -> None:
+    for p in paths:
+        (image_root / p.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        os.chmod(image_root / private_top(p).lstrip("/"), 0o700)
+
+
+def place_tarball(pool_root: Path, tarball: Path) -> PreparedImage:
+    digest = hashlib.sha256(str(tarball.resolve()).encode()).hexdigest()[:12]
+    name = f"image-tar-{digest}"
+    dest = pool_root / name
+    dest.mkdir()
+    proc = subprocess.run(["tar", "--numeric-owner", "-xpf", str(tarball), "-C", str(dest)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageError(f"image tarball {tarball}: tar failed: {proc.stderr.strip()}")
+    _check_rootfs(dest, str(tarball))
+    (dest / CLONE_ROOT.lstrip("/")).mkdir(mode=0o700, exist_ok=True)
+    return PreparedImage(name=name, lower=name)
+
+
+def place_directory(pool_root: Path, directory: Path) -> PreparedImage:
+    """Bind the image directory into the pool read-only; ``unplace`` undoes it."""
+    from . import syscalls
+
+    _check_rootfs(directory, str(directory))
+    digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+    name = f"image-dir-{digest}"
+    dest = pool_root / name
+    dest.mkdir()
+    syscalls.mount(str(directory), str(dest), None, syscalls.MS_BIND)
+    syscalls.mount(None, str(dest), None, syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY)
+    return PreparedImage(name=name, lower=name)
+
+
+def _check_rootfs(path: Path, label: str) -> None:
+    if not path.is_dir():
+        raise ImageError(f"image {label}: not a directory")
+    if not (path / "bin").exists() and not (path / "usr" / "bin").exists():
+        raise ImageError(f"image {label}: no bin/ or usr/bin/ (is it a root file system?)")
+
+
+class ImageError(ValueError):
+    pass

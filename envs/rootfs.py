@@ -1,0 +1,68 @@
+"""Assembling a workspace's root file system inside its own mount namespace, then pivoting into it.
+
+Owns: the overlay mount (image below, the workspace's writable layer above; a snapshot mounts its layer
+read-only), the read-only bind mounts on top (the host's /usr for the default image, the runtime's interpreter),
+a private /dev, and pivot_root. The caller's working directory must be the pool's root: overlay option paths are
+relative to it, so a clone, whose root no longer shows the pool, can still name its layers.
+Must never: run in the engine's mount namespace.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import syscalls
+
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_RO_BIND = syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV
+
+
+def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, binds: list[str],
+                       private_tops: list[str]) -> None:
+    """Mount the new root at ``target`` (an empty directory in the current root) and make it ``/``.
+
+    ``binds`` are resolved in the *current* root, which for a first host is the host's and for a clone is its
+    source's: either way the paths are the same, which is what lets a clone carry them over.
+    """
+    if frozen:
+        data = f"lowerdir={layer}/upper:{lower}"
+        flags = syscalls.MS_RDONLY
+    else:
+        data = f"lowerdir={lower},upperdir={layer}/upper,workdir={layer}/work"
+        flags = 0
+    syscalls.mount("overlay", target, "overlay", flags, data)
+    for path in binds:
+        dest = target + path
+        if not frozen:
+            os.makedirs(dest, exist_ok=True)
+        syscalls.mount(path, dest, None, syscalls.MS_BIND | syscalls.MS_REC)
+        syscalls.mount(None, dest, None, _RO_BIND)
+    if not frozen:
+        for top in private_tops:
+            os.chmod(target + top, 0o700)
+        _mount_dev(target)
+    os.chdir(target)
+    syscalls.pivot_root(".", ".")
+    syscalls.umount(".", syscalls.MNT_DETACH)
+    os.chdir("/")
+
+
+def _mount_dev(target: str) -> None:
+    dev = target + "/dev"
+    syscalls.mount("tmpfs", dev, "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NOEXEC, "mode=755,size=64k")
+    for node in _DEV_NODES:
+        if not os.path.exists(f"/dev/{node}"):
+            continue
+        open(f"{dev}/{node}", "w").close()
+        syscalls.mount(f"/dev/{node}", f"{dev}/{node}", None, syscalls.MS_BIND)
+    for name, dest in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                       ("stderr", "/proc/self/fd/2")):
+        os.symlink(dest, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    syscalls.mount("tmpfs", f"{dev}/shm", "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV,
+                   "mode=1777,size=64m")
+
+
+def mount_proc() -> None:
+    """Mount /proc for the caller's PID namespace (called by the agent namespace's init)."""
+    syscalls.mount("proc", "/proc", "proc", syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC)

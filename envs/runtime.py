@@ -1,0 +1,295 @@
+"""A run's workspaces: the state directory, the layer pool, the parent cgroup, the base image, and every host.
+
+Owns: starting and stopping a run (including the clean-up of runs whose engine died), spawning first hosts,
+reaping every host (the engine is a child subreaper, so clones orphaned by the fork's double fork land on it),
+naming and removing workspaces' cgroups and layers, and the per-run memory figure.
+Must never: leave a process, mount, cgroup or layer behind when ``close()`` returns, cancelled or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import syscalls
+from .cgroups import Cgroup, CgroupLayout
+from .channel import ChannelClosed, async_recv_frame, async_send_frame
+from .cleanup import process_start_time, remove_stale_runs
+from .errors import HostUnsupported, WorkspaceStartFailed
+from .image import PreparedImage, add_runtime_mount_points, build_default_image, place_directory, \
+    place_tarball, private_top, runtime_paths
+from .layers import LayerStore
+from .memory import processes_memory
+from .records import AppSpec, Failed, HostConfig, Limits, MemoryStats, Ready, encoder, reply_decoder
+from .workspace import Snapshot, Workspace
+
+DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
+START_TIMEOUT_S = 60.0
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts (run seed, task id, sample index, step...), stable across processes."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class WorkspaceRuntime:
+    """Async context manager: ``async with WorkspaceRuntime(backend="cow") as rt: ws = await rt.create(app)``."""
+
+    def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
+                 seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None):
+        from .backends import make_backend
+
+        self.backend = make_backend(backend, self)
+        self.image_source = Path(image) if image else None
+        self.limits = limits or Limits()
+        self.seed = seed
+        self.state_dir = Path(state_dir or DEFAULT_STATE_DIR)
+        self.faults = list(faults or [])
+        self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+        self.run_dir = self.state_dir / "runs" / self.run_id
+        self.workspaces: dict[str, Workspace] = {}
+        self._popen: dict[int, subprocess.Popen[bytes]] = {}
+        self._started = False
+        self._counter = 0
+
+    # -- run lifecycle -----------------------------------------------------------------------------------------
+    async def __aenter__(self) -> WorkspaceRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if os.geteuid() != 0:
+            raise HostUnsupported("the workspace runtime needs root (namespaces, mounts, cgroups)")
+        await asyncio.to_thread(remove_stale_runs, self.state_dir)
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "engine.json").write_text(json.dumps(
+            {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "run_id": self.run_id}))
+        self._started = True
+        try:
+            syscalls.prctl(syscalls.PR_SET_CHILD_SUBREAPER, 1)
+            self.layout = CgroupLayout.detect()
+            self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create()
+            self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
+            self.image = await asyncio.to_thread(self._prepare_image)
+            self.pool_fd = self.layers.open_detached()
+            self.cgroup_fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) for d in self.cgroup.dirs()]
+        except BaseException:
+            await self.close()
+            raise
+
+    def _prepare_image(self) -> PreparedImage:
+        root = self.layers.root
+        if self.image_source is None:
+            prepared = build_default_image(root)
+        elif self.image_source.is_dir():
+            prepared = place_directory(root, self.image_source)
+        else:
+            prepared = place_tarball(root, self.image_source)
+        self.runtime_binds = runtime_paths()
+        if self.image_source is None:
+            add_runtime_mount_points(root / prepared.lower, self.runtime_binds)
+        return prepared
+
+    async def close(self) -> None:
+        """Close every workspace, then remove the run's cgroup, pool and directory. Finishes under cancellation."""
+        if not self._started:
+            return
+        self._started = False
+        await asyncio.shield(self._teardown())
+
+    async def _teardown(self) -> None:
+        for ws in list(self.workspaces.values()):
+            await ws.close()
+        for fd in getattr(self, "cgroup_fds", []):
+            os.close(fd)
+        if hasattr(self, "pool_fd"):
+            os.close(self.pool_fd)
+        if hasattr(self, "cgroup"):
+            await asyncio.to_thread(self.cgroup.remove)
+        if hasattr(self, "layers"):
+            await asyncio.to_thread(self.layers.destroy_pool)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # -- naming -------------------------------------------------------------------------------------------------
+    def new_id(self) -> str:
+        self._counter += 1
+        return f"{self._counter:04d}{secrets.token_hex(2)}"
+
+    def new_cgroup(self, ws_id: str) -> Cgroup:
+        group = self.cgroup.child(f"ws-{ws_id}").create()
+        group.set_limits(self.limits.memory_bytes, self.limits.pids)
+        return group
+
+    # -- first hosts ---------------------------------------------------------------------------------------------
+    async def create(self, app: AppSpec | None = None, *, seed: int | None = None,
+                     hostname: str | None = None) -> Workspace:
+        """Build a new workspace from the image and start its application."""
+        ws_id = self.new_id()
+        layer = f"ws-{ws_id}"
+        await asyncio.to_thread(self.layers.create, layer)
+        return await self.start_host(ws_id, layer, app or AppSpec(), seed=seed, hostname=hostname)
+
+    async def start_host(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
+                         restore_from: str | None = None, parent: str | None = None,
+                         generation: int = 0, cls: type[Workspace] = Workspace) -> Workspace:
+        """Spawn a host on an existing layer; on any failure undo the cgroup, the layer and the process."""
+        group = self.new_cgroup(ws_id)
+        seed = derive_seed(self.seed, ws_id) if seed is None else seed
+        target = self.run_dir / "roots" / ws_id
+        target.mkdir(parents=True)
+        engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        config = HostConfig(
+            ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=self.image.lower,
+            binds=[b.path for b in self.image.binds] + self.runtime_binds,
+            private_tops=sorted({private_top(p) for p in self.runtime_binds}) if self.image_source is None else [],
+            mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, engine_pid=os.getpid(),
+            restore_from=restore_from, faults=self.faults,
+        )
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            log = open(self.run_dir / f"host-{ws_id}.log", "wb")
+            with log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "bunshin.envs.host", "--channel", str(host_end.fileno()),
+                     "--pool", str(self.pool_fd), "--cgroups", ",".join(map(str, self.cgroup_fds))],
+                    pass_fds=[host_end.fileno(), self.pool_fd, *self.cgroup_fds], stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=log, cwd=self.run_dir, start_new_session=True,
+                )
+            self._popen[proc.pid] = proc
+            host_end.close()
+            engine_end.setblocking(False)
+            await async_send_frame(engine_end, encoder.encode(config))
+            pid = await self.await_ready(ws_id, engine_end)
+            ws = cls(self, ws_id, pid=pid, sock=engine_end, cgroup=group, layer=layer, seed=seed, app=app,
+                     parent=parent, generation=generation)
+        except BaseException as exc:
+            host_end.close()
+            engine_end.close()
+            if proc is not None:
+                proc.kill()
+                await self.reap(proc.pid, None, timeout=5.0)
+            await asyncio.shield(asyncio.to_thread(self._remove_remains, group, layer, ws_id))
+            if isinstance(exc, Exception) and not isinstance(exc, WorkspaceStartFailed):
+                log_tail = self.host_log(ws_id)
+                raise WorkspaceStartFailed(ws_id, f"{type(exc).__name__}: {exc}{log_tail}") from exc
+            raise
+        self.workspaces[ws_id] = ws
+        return ws
+
+    async def await_ready(self, ws_id: str, sock: socket.socket) -> int:
+        """Wait for a host's Ready on ``sock``; a Failed reply or a closed channel raises WorkspaceStartFailed."""
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                reply = reply_decoder.decode(await async_recv_frame(sock))
+        except ChannelClosed as exc:
+            raise WorkspaceStartFailed(ws_id, f"host exited before it was ready{self.host_log(ws_id)}") from exc
+        except TimeoutError as exc:
+            raise WorkspaceStartFailed(ws_id, f"host not ready after {START_TIMEOUT_S:g}s") from exc
+        if isinstance(reply, Failed):
+            raise WorkspaceStartFailed(ws_id, f"{reply.kind}: {reply.message}{self.host_log(ws_id)}")
+        if not isinstance(reply, Ready) or reply.ws_id != ws_id:
+            raise WorkspaceStartFailed(ws_id, f"unexpected first reply {reply!r}")
+        return reply.pid
+
+    def host_log(self, ws_id: str) -> str:
+        try:
+            text = (self.run_dir / f"host-{ws_id}.log").read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return ""
+        return f"\n--- host log ---\n{text[-4000:]}" if text else ""
+
+    # -- reaping and removal ---------------------------------------------------------------------------------------
+    async def reap(self, pid: int, pidfd: int | None, timeout: float) -> int | None:
+        """Wait up to ``timeout`` for ``pid`` (our child, or orphaned onto us) to exit; return its wait status."""
+        own_fd = pidfd is None
+        if pidfd is None:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return None
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+                except ChildProcessError:
+                    return None
+                if result is not None:
+                    popen = self._popen.pop(pid, None)
+                    if popen is not None:
+                        popen.returncode = result.si_status  # it is reaped; keep Popen from waiting again
+                    return _wait_status(result)
+                if time.monotonic() > deadline:
+                    return None
+                await _readable(pidfd, deadline - time.monotonic())
+        finally:
+            if own_fd:
+                os.close(pidfd)
+
+    async def discard(self, ws: Workspace) -> None:
+        """After a host stopped serving: kill what is left, reap the host, remove cgroup and layer."""
+        self.workspaces.pop(ws.id, None)
+        await asyncio.to_thread(ws.cgroup.kill_all)
+        try:
+            os.kill(ws.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await self.reap(ws.pid, ws.pidfd, timeout=10.0)
+        os.close(ws.pidfd)
+        await asyncio.to_thread(self._remove_remains, ws.cgroup, ws.layer, ws.id)
+
+    def _remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
+        group.remove()
+        self.layers.delete(layer)
+        shutil.rmtree(self.run_dir / "roots" / ws_id, ignore_errors=True)
+
+    # -- checkpoints and memory -------------------------------------------------------------------------------------
+    async def checkpoint(self, ws: Workspace, path: str) -> int:
+        from .records import Checkpoint, Checkpointed
+
+        layer = f"{Path(path).name}.layer"
+        reply = await ws.request(Checkpoint(path=path, layer=layer))
+        assert isinstance(reply, Checkpointed)
+        return reply.bytes_written
+
+    def memory(self) -> MemoryStats:
+        """Every workspace of the run together (PSS summed over all their processes)."""
+        if not hasattr(self, "cgroup"):
+            return MemoryStats()
+        return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
+
+    def snapshots(self) -> list[Snapshot]:
+        return [ws for ws in self.workspaces.values() if isinstance(ws, Snapshot)]
+
+
+def _wait_status(result: os.waitid_result) -> int:
+    if result.si_code == os.CLD_EXITED:
+        return (result.si_status & 0xFF) << 8
+    return result.si_status & 0x7F  # killed or dumped: the signal number
+
+
+async def _readable(fd: int, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        async with asyncio.timeout(max(timeout, 0)):
+            await ready
+    except TimeoutError:
+        pass
+    finally:
+        loop.remove_reader(fd)

@@ -1,0 +1,1 @@
+"""What decides the next tool call: scripted policies, replay, and model-server clients (later issues)."""
