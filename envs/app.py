@@ -13,6 +13,7 @@ import mmap
 import os
 import random
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -107,21 +108,15 @@ class AppContext:
         self.seed = seed
         self.rng.seed(seed)
         random.seed(seed)
-        np = _numpy_if_loaded()
-        if np is not None:
-            np.random.seed(seed % (1 << 32))
+        np_random = sys.modules.get("numpy.random")  # only if the app uses it: importing it costs MiBs
+        if np_random is not None:
+            np_random.seed(seed % (1 << 32))
 
     def rebind_after_fork(self) -> None:
         for f in self.files:
             f.reopen()
         for s in self.sockets:
             s.rebind()
-
-
-def _numpy_if_loaded() -> Any:
-    import sys
-
-    return sys.modules.get("numpy")
 
 
 class WorkspaceApp:

@@ -30,9 +30,10 @@ class HeapApp(WorkspaceApp):
     def setup(self, ctx: AppContext) -> None:
         self.ctx = ctx
         self.heap = HugeHeap(self.size)
-        words = np.frombuffer(self.heap.map, dtype=np.uint64)
+        npages = self.size // PAGE
+        words = np.frombuffer(self.heap.map, dtype=np.uint64, count=npages * (PAGE // 8)).reshape(npages, -1)
         # Page p holds p+1 in every word: distinct per page, cheap to write, never the zero page.
-        words[:] = np.repeat(np.arange(1, len(words) // (PAGE // 8) + 2, dtype=np.uint64), PAGE // 8)[: len(words)]
+        words[:] = np.arange(1, npages + 1, dtype=np.uint64)[:, None]
 
     def tools(self) -> dict[str, Tool]:
         return {"set": self._set, "get": self._get, "write_pages": self._write_pages, "digest": self._digest,

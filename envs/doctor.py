@@ -1,0 +1,117 @@
+"""What this host supports, and so which fork backends can run here (``bunshin doctor``).
+
+Owns: probing the kernel and the machine without changing them (namespaces are tried in a throw-away child),
+and the verdict per backend.
+Must never: leave anything behind, or need anything beyond the standard library and /proc, /sys.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cgroups import CgroupLayout, CgroupUnavailable
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    backends: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+    def ok(self, name: str) -> bool:
+        return any(c.ok for c in self.checks if c.name == name)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+            "backends": {k: {"available": v[0], "detail": v[1]} for k, v in self.backends.items()},
+        }
+
+
+def _try_unshare(flag: str) -> Check:
+    if shutil.which("unshare") is None:
+        return Check(f"namespace {flag}", False, "unshare(1) not found (util-linux)")
+    args = ["unshare", f"--{flag}"] + (["--fork"] if flag == "pid" else []) + ["true"]
+    proc = subprocess.run(args, capture_output=True, text=True)
+    return Check(f"namespace {flag}", proc.returncode == 0, proc.stderr.strip() or "works")
+
+
+def _filesystems() -> set[str]:
+    return {line.split()[-1] for line in Path("/proc/filesystems").read_text().splitlines() if line.strip()}
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _docker() -> Check:
+    sock = "/var/run/docker.sock"
+    if not os.path.exists(sock):
+        return Check("docker daemon", False, f"no {sock}")
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2)
+            s.connect(sock)
+            s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+            answer = s.recv(256).decode(errors="replace")
+    except OSError as exc:
+        return Check("docker daemon", False, f"{sock}: {exc}")
+    return Check("docker daemon", "200 OK" in answer, answer.splitlines()[0] if answer else "no answer")
+
+
+def diagnose() -> Report:
+    report = Report()
+    add = report.checks.append
+    add(Check("root", os.geteuid() == 0, f"euid {os.geteuid()}"))
+    for flag in ("mount", "net", "uts", "ipc", "pid", "user"):
+        add(_try_unshare(flag))
+    fs = _filesystems()
+    add(Check("overlayfs", "overlay" in fs, "in /proc/filesystems" if "overlay" in fs else "missing"))
+    mkfs = shutil.which("mkfs.btrfs")
+    add(Check("btrfs", "btrfs" in fs and mkfs is not None,
+              f"kernel {'has' if 'btrfs' in fs else 'lacks'} btrfs; mkfs.btrfs {'at ' + mkfs if mkfs else 'missing'}"))
+    try:
+        layout = CgroupLayout.detect()
+        add(Check("cgroups", True, f"v{layout.version}: " + ", ".join(
+            f"{c}@{p}" for c, p in sorted(layout.roots.items()))))
+    except CgroupUnavailable as exc:
+        add(Check("cgroups", False, str(exc)))
+    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    add(Check("transparent huge pages", thp is not None and "[never]" not in thp, thp or "absent"))
+    ksm = _read("/sys/kernel/mm/ksm/run")
+    add(Check("KSM", ksm is not None, f"run={ksm}" if ksm is not None else "absent"))
+    uffd = _read("/proc/sys/vm/unprivileged_userfaultfd")
+    add(Check("userfaultfd", uffd is not None or os.path.exists("/dev/userfaultfd"),
+              f"unprivileged_userfaultfd={uffd}" if uffd is not None else "sysctl absent"))
+    modules = os.path.exists("/proc/modules")
+    loaded = os.path.exists("/sys/module/bunshin")
+    add(Check("loadable kernel modules", modules, "yes" if modules else "kernel built without module support"))
+    add(Check("bunshin kernel module", loaded, "loaded" if loaded else "not loaded"))
+    add(_docker())
+    add(Check("subreaper", True, "prctl(PR_SET_CHILD_SUBREAPER) available on Linux >= 3.4"))
+
+    need = ["root", "namespace mount", "namespace net", "namespace uts", "namespace ipc", "overlayfs", "btrfs",
+            "cgroups"]
+    missing = [n for n in need if not report.ok(n)]
+    verdict = (not missing, "ready" if not missing else "missing: " + ", ".join(missing))
+    report.backends["cow"] = verdict
+    report.backends["restore"] = verdict
+    report.backends["replay"] = (False, "not built yet (rollout engine issue)")
+    report.backends["kmod"] = (False, "module not loaded" if modules else "kernel cannot load modules")
+    report.backends["docker"] = (False, "not built yet" + ("" if report.ok("docker daemon") else "; no daemon"))
+    report.backends["ksm"] = (False, "not built yet" + ("" if report.ok("KSM") else "; no KSM"))
+    return report
