@@ -40,7 +40,7 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, bin
     if not frozen:
         for top in private_tops:
             os.chmod(target + top, 0o700)
-        _mount_dev(target)
+    _mount_dev(target)  # a snapshot needs one too: its clones bind their device nodes from it
     os.chdir(target)
     syscalls.pivot_root(".", ".")
     syscalls.umount(".", syscalls.MNT_DETACH)

@@ -1,0 +1,113 @@
+"""Shared fixtures: a real workspace runtime per test (root, namespaces, btrfs, cgroups), leak checks after every
+test that starts one, a loop watchdog, and every async test on both asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import uvloop
+
+from bunshin.envs import AppSpec, Limits, WorkspaceRuntime
+
+HEAP_APP = "bunshin.envs.apps.heap:HeapApp"
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def heap_app(size: int = 16 << 20) -> AppSpec:
+    return AppSpec(target=HEAP_APP, kwargs={"size_bytes": size})
+
+
+def host_processes() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"bunshin.envs.host" in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+def leftovers(run_id: str, run_dir: Path) -> list[str]:
+    """Everything of run ``run_id`` still present: processes, mounts, cgroups, its directory."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if str(run_dir) in line:
+            found.append(f"mount {line.split()[4]}")
+    for root in Path("/sys/fs/cgroup").iterdir():
+        if (root / f"bunshin-{run_id}").exists():
+            found.append(f"cgroup {root / f'bunshin-{run_id}'}")
+    if run_dir.exists():
+        found.append(f"directory {run_dir}")
+    found += [f"host process {pid}" for pid in host_processes()]
+    return found
+
+
+def assert_no_leaks(rt: WorkspaceRuntime, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (left := leftovers(rt.run_id, rt.run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"run {rt.run_id} left behind: {left}"
+
+
+@pytest.fixture
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Not under /tmp's tmpfs rules, and never shared with a real run's /var/lib/bunshin.
+    return Path(os.environ.get("BUNSHIN_TEST_STATE_DIR", "/var/lib/bunshin-test"))
+
+
+@pytest_asyncio.fixture
+async def make_runtime(state_dir: Path, loop_watchdog: None) -> AsyncIterator[Callable[..., WorkspaceRuntime]]:
+    """Factory: ``rt = await make_runtime(backend=..., limits=...)``; every runtime is closed and leak-checked."""
+    made: list[WorkspaceRuntime] = []
+
+    async def factory(**kwargs: object) -> WorkspaceRuntime:
+        kwargs.setdefault("state_dir", state_dir)
+        kwargs.setdefault("limits", Limits(memory_bytes=2 << 30, pids=256, command_timeout_s=30))
+        rt = WorkspaceRuntime(**kwargs)  # type: ignore[arg-type]
+        made.append(rt)
+        await rt.start()
+        return rt
+
+    yield factory  # type: ignore[misc]
+    for rt in made:
+        await rt.close()
+    for rt in made:
+        assert_no_leaks(rt)
+
+
+@pytest_asyncio.fixture
+async def runtime(make_runtime: Callable[..., object]) -> WorkspaceRuntime:
+    return await make_runtime()  # type: ignore[misc]
+
+
+@pytest_asyncio.fixture
+async def loop_watchdog() -> AsyncIterator[None]:
+    """Fails an async test during which the event loop was blocked for more than a second."""
+    worst = 0.0
+    stop = False
+
+    async def beat() -> None:
+        nonlocal worst
+        while not stop:
+            before = time.monotonic()
+            await asyncio.sleep(0.05)
+            worst = max(worst, time.monotonic() - before - 0.05)
+
+    task = asyncio.get_running_loop().create_task(beat())
+    yield
+    stop = True
+    await task
+    assert worst < 1.0, f"the event loop was blocked for {worst:.2f}s"
