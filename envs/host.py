@@ -246,7 +246,7 @@ class Host:
             out, _ = proc.communicate()
         text = out[:MAX_OUTPUT].decode("utf-8", "replace")
         if timed_out:
-            return Observation(output=text, exit_code=proc.returncode,
+            return Observation(output=text, exit_code=-signal.SIGKILL,
                                error=f"command timed out after {timeout_s:g}s")
         return Observation(output=text, exit_code=proc.returncode)
 
@@ -270,18 +270,27 @@ class Host:
         self.agent_pidns_fd = os.open("/proc/1/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
     def kill_agents(self) -> None:
-        """SIGKILL the agent namespace's init, which takes every agent process with it."""
-        if self.agent_init_pid is None:
-            return
-        try:
-            os.kill(self.agent_init_pid, signal.SIGKILL)
-            os.waitpid(self.agent_init_pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        self.agent_init_pid = None
+        """SIGKILL the agent namespace's init, which takes every agent process with it.
+
+        The namespace is gone only once all its processes are reaped, and the commands themselves are our
+        children: so reap any child until the init is among them (waiting for the init alone would deadlock).
+        """
+        init, self.agent_init_pid = self.agent_init_pid, None
         if self.agent_pidns_fd is not None:
             os.close(self.agent_pidns_fd)
             self.agent_pidns_fd = None
+        if init is None:
+            return
+        try:
+            os.kill(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                if os.waitpid(-1, 0)[0] == init:
+                    return
+            except ChildProcessError:
+                return
 
     # -- live fork ---------------------------------------------------------------------------------------------
     def fork(self, spec: CloneSpec, fds: list[int]) -> Reply:
