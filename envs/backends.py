@@ -16,7 +16,8 @@ import asyncio
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .channel import async_send_frame
 from .errors import ForkFailed, RequestRefused, WorkspaceStartFailed
@@ -50,6 +51,22 @@ def _clone_seed(source: Workspace, seed: int | None) -> int:
     return derive_seed(source.seed, "fork", source.forks) if seed is None else seed
 
 
+async def all_or_nothing(make: Coroutine[Any, Any, Workspace]) -> Workspace:
+    """Run a fork to its end even if the caller is cancelled (forks are short), then undo it: a cancelled fork
+    leaves no clone behind, and a source whose fork was cancelled has a channel in step."""
+    inner = asyncio.ensure_future(make)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        try:
+            clone = await inner
+        except Exception:
+            pass
+        else:
+            await clone.close()
+        raise
+
+
 class CowFork:
     name = "cow"
 
@@ -57,6 +74,9 @@ class CowFork:
         self.runtime = runtime
 
     async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+        return await all_or_nothing(self._fork(source, seed=seed, frozen=frozen))
+
+    async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         rt = self.runtime
         clone_id = rt.new_id()
         spec = CloneSpec(ws_id=clone_id, hostname=f"ws-{clone_id}", seed=_clone_seed(source, seed),
@@ -94,6 +114,9 @@ class PrivateRestore:
         self.runtime = runtime
 
     async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+        return await all_or_nothing(self._fork(source, seed=seed, frozen=frozen))
+
+    async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         rt = self.runtime
         clone_id = rt.new_id()
         path = f"ckpt-{clone_id}.bin"

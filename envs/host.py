@@ -100,10 +100,15 @@ class Host:
 
     # -- faults (named steps a test can make fail) ------------------------------------------------------------
     def fault(self, name: str) -> None:
-        if name in self.config.faults:
+        """A named step tests can break: ``name`` raises, ``name:exit`` exits, ``name:hang`` never returns."""
+        faults = self.config.faults
+        if name in faults:
             raise InjectedFault(f"injected fault at {name}")
-        if f"{name}:exit" in self.config.faults:
+        if f"{name}:exit" in faults:
             os._exit(66)
+        if f"{name}:hang" in faults:
+            while True:
+                time.sleep(3600)
 
     # -- start ------------------------------------------------------------------------------------------------
     def build(self) -> None:

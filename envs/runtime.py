@@ -140,7 +140,13 @@ class WorkspaceRuntime:
         """Build a new workspace from the image and start its application."""
         ws_id = self.new_id()
         layer = f"ws-{ws_id}"
-        await asyncio.to_thread(self.layers.create, layer)
+        making = asyncio.ensure_future(asyncio.to_thread(self.layers.create, layer))
+        try:
+            await asyncio.shield(making)
+        except asyncio.CancelledError:
+            await making  # the thread runs on regardless; undo only once it is done
+            await asyncio.to_thread(self.layers.delete, layer)
+            raise
         return await self.start_host(ws_id, layer, app or AppSpec(), seed=seed, hostname=hostname)
 
     async def start_host(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,

@@ -70,6 +70,7 @@ class Workspace:
         self.broken: str | None = None
         self._limit_hits = (0, 0)
         self.last_fork: ForkTiming | None = None  # set on clones: how their fork went
+        self._inflight: asyncio.Future[bytes] | None = None
 
     def __repr__(self) -> str:
         kind = "Snapshot" if self.frozen else "Workspace"
@@ -77,22 +78,40 @@ class Workspace:
 
     # -- requests ---------------------------------------------------------------------------------------------
     async def request(self, message: Request, fds: list[int] | None = None) -> Reply:
-        """Send one request and return the host's reply; a ``Failed`` reply raises RequestRefused."""
+        """Send one request and return the host's reply; a ``Failed`` reply raises RequestRefused.
+
+        Cancelling the caller does not cut a frame in half: the exchange runs to its end in the background and
+        the next request (or ``close()``) collects the orphaned reply first.
+        """
         if self._closed:
             raise WorkspaceClosed(self.id, "used after close()")
         if self.broken:
             raise WorkspaceBroken(self.id, self.broken)
         async with self._lock:
             try:
-                await async_send_frame(self.sock, encoder.encode(message), fds)
-                reply = reply_decoder.decode(await async_recv_frame(self.sock))
+                await self._collect_orphan()
+                self._inflight = asyncio.ensure_future(self._exchange(encoder.encode(message), fds))
+                body = await asyncio.shield(self._inflight)
+                self._inflight = None
+                reply = reply_decoder.decode(body)
             except ChannelClosed as exc:
+                self._inflight = None
                 reason = await self._death_reason()
                 self.broken = reason
                 raise WorkspaceBroken(self.id, reason) from exc
         if isinstance(reply, Failed):
             raise RequestRefused(self.id, reply.kind, reply.message)
         return reply
+
+    async def _exchange(self, payload: bytes, fds: list[int] | None) -> bytes:
+        await async_send_frame(self.sock, payload, fds)
+        return await async_recv_frame(self.sock)
+
+    async def _collect_orphan(self) -> None:
+        """Wait for the reply of a request whose caller was cancelled, and drop it."""
+        if self._inflight is not None:
+            orphan, self._inflight = self._inflight, None
+            await orphan
 
     async def execute(self, call: ToolCall, timeout_s: float | None = None) -> Observation:
         """Run one tool call. A call that leaves the workspace over its limits raises WorkspaceBroken."""
@@ -167,10 +186,12 @@ class Workspace:
             try:
                 async with asyncio.timeout(5):
                     async with self._lock:
-                        await async_send_frame(self.sock, encoder.encode(Close()))
-                        await async_recv_frame(self.sock)
+                        await self._collect_orphan()
+                        await self._exchange(encoder.encode(Close()), None)
             except (ChannelClosed, TimeoutError, OSError):
                 pass
+        if self._inflight is not None:
+            self._inflight.cancel()
         self.sock.close()
         await self.runtime.discard(self)
 
