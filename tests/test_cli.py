@@ -1,0 +1,54 @@
+"""The command line: doctor, and the fork benchmark's output shape (a tiny run; numbers come from the real bench)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def bunshin(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bunshin.engine.cli", *args], capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
+def test_doctor_reports_checks_and_backends() -> None:
+    proc = bunshin("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    names = {c["name"] for c in report["checks"]}
+    assert {"root", "namespace mount", "overlayfs", "btrfs", "cgroups", "KSM", "docker daemon",
+            "bunshin kernel module"} <= names
+    assert report["backends"]["cow"]["available"] is True
+    assert set(report["backends"]) >= {"cow", "restore", "kmod", "docker", "replay"}
+
+
+def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
+    out, plot = tmp_path / "fork.json", tmp_path / "fork.png"
+    proc = bunshin("bench", "fork", "--sizes", "8M", "--backends", "cow,restore", "--forks", "2",
+                   "--json", str(out), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert [r["backend"] for r in data["results"]] == ["cow", "restore"]
+    for row in data["results"]:
+        assert {"backend", "size_bytes", "freeze_ms_p50", "freeze_ms_p95", "ready_ms_p50", "ready_ms_p95",
+                "clone_private_bytes"} <= set(row)
+        assert row["size_bytes"] == 8 << 20
+        assert row["freeze_ms_p95"] >= row["freeze_ms_p50"] > 0
+    assert data["ratios_cow_vs_restore"][0]["size_bytes"] == 8 << 20
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| backend |" in proc.stdout and "fork 2/2" in proc.stderr
+
+
+def test_bad_arguments_name_the_culprit() -> None:
+    proc = bunshin("bench", "fork", "--backends", "cow,criu")
+    assert proc.returncode == 2 and "unknown backend(s) ['criu']" in proc.stderr
+    proc = bunshin("bench", "fork", "--sizes", "lots")
+    assert proc.returncode == 2 and "bad size list 'lots'" in proc.stderr
+
+
+def test_demo_runs_and_checks_isolation() -> None:
+    proc = bunshin("demo", "--size", "16M", "--clones", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "isolation check: passed" in proc.stdout
