@@ -125,7 +125,7 @@ class Host:
         os.fchdir(self.pool_fd)
         self.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
         rootfs.assemble_and_pivot(target=cfg.mount_target, lower=cfg.lower, layer=cfg.layer, frozen=False,
-                                  binds=cfg.binds, private_tops=cfg.private_tops)
+                                  image_binds=cfg.image_binds, runtime_binds=cfg.runtime_binds)
         namespaces.loopback_up()
         if cfg.restore_from is not None:
             mapping, payload = checkpoint_file.map_verified(self.pool_fd, cfg.restore_from)
@@ -353,7 +353,8 @@ class Host:
         os.fchdir(self.pool_fd)
         layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
         rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=self.config.lower, layer=spec.layer,
-                                  frozen=spec.frozen, binds=self.config.binds, private_tops=[])
+                                  frozen=spec.frozen, image_binds=self.config.image_binds,
+                                  runtime_binds=self.config.runtime_binds)
         os.close(self.layer_fd)
         self.layer_fd = layer_fd
         # The source's agent namespace is not ours; ours starts with the first agent command.

@@ -3,7 +3,7 @@
 Owns: assembling the default image from the host's system directories (a skeleton with a minimal /etc and
 Debian's merged-/usr links, onto which the host's /usr is bind-mounted read-only inside each workspace), and
 placing an image directory or tarball in the run's pool; the list of bind mounts a workspace needs, including the
-runtime's own Python installation, mounted read-only at its host path below a directory only root can traverse.
+runtime's own Python installation (which rootfs.py hides from agents).
 Must never: expose a host directory to agent commands beyond /usr and the runtime's own interpreter and sources.
 """
 
@@ -23,8 +23,6 @@ AGENT_GID = 65000
 AGENT_HOME = "/home/agent"
 CLONE_ROOT = "/.bunshin"  # empty directory in every root, where a clone mounts its new root before pivoting
 
-# Top-level directories agents legitimately use: a private runtime path below one of them is hidden one level down.
-_SHARED_TOP = {"home", "usr", "tmp", "var", "srv", "mnt", "media", "run", "opt"}
 
 
 @dataclass(frozen=True)
@@ -65,14 +63,6 @@ def runtime_paths() -> list[str]:
     return cover
 
 
-def private_top(path: str) -> str:
-    """The directory made 0700 so that agents cannot traverse into the runtime bind mounted at ``path``."""
-    parts = Path(path).parts
-    if len(parts) > 2 and parts[1] in _SHARED_TOP:
-        return str(Path(*parts[:3]))
-    return str(Path(*parts[:2]))
-
-
 def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedImage:
     """Skeleton root for the host-derived image: merged-/usr links, minimal /etc, empty mount points."""
     root = pool_root / name
@@ -111,12 +101,6 @@ def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedIm
         if src.is_dir():
             shutil.copytree(src, etc / tree, symlinks=True)
     return PreparedImage(name=name, lower=name, binds=(Bind("/usr"),))
-
-
-def add_runtime_mount_points(image_root: Path, paths: list[str]) -> None:
-    for p in paths:
-        (image_root / p.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        os.chmod(image_root / private_top(p).lstrip("/"), 0o700)
 
 
 def place_tarball(pool_root: Path, tarball: Path) -> PreparedImage:

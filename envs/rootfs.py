@@ -13,16 +13,21 @@ import os
 
 from . import syscalls
 
+RUNTIME_DIR = "/.bunshin-runtime"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _RO_BIND = syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV
 
 
-def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, binds: list[str],
-                       private_tops: list[str]) -> None:
+def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, image_binds: list[str],
+                       runtime_binds: list[str]) -> None:
     """Mount the new root at ``target`` (an empty directory in the current root) and make it ``/``.
 
-    ``binds`` are resolved in the *current* root, which for a first host is the host's and for a clone is its
-    source's: either way the paths are the same, which is what lets a clone carry them over.
+    Bind sources are resolved in the *current* root, which for a first host is the host's and for a clone is its
+    source's: either way the paths are the same, which is what lets a clone carry them over. ``image_binds`` are
+    mounted at their own path, for everyone to use. ``runtime_binds`` (the host interpreter and bunshin's
+    sources, which the host may import from lazily) are mounted below RUNTIME_DIR, a directory only root can
+    enter, and their own path becomes a symlink into it: the host finds its files where it left them, agents
+    find a link they cannot follow.
     """
     if frozen:
         data = f"lowerdir={layer}/upper:{lower}"
@@ -31,20 +36,39 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, bin
         data = f"lowerdir={lower},upperdir={layer}/upper,workdir={layer}/work"
         flags = 0
     syscalls.mount("overlay", target, "overlay", flags, data)
-    for path in binds:
-        dest = target + path
-        if not frozen:
-            os.makedirs(dest, exist_ok=True)
-        syscalls.mount(path, dest, None, syscalls.MS_BIND | syscalls.MS_REC)
-        syscalls.mount(None, dest, None, _RO_BIND)
+    for path in image_binds:
+        _bind_readonly(path, target + path, create=not frozen)
     if not frozen:
-        for top in private_tops:
-            os.chmod(target + top, 0o700)
+        os.makedirs(target + RUNTIME_DIR, mode=0o700, exist_ok=True)
+        os.chmod(target + RUNTIME_DIR, 0o700)
+    for path in runtime_binds:
+        _bind_readonly(path, target + RUNTIME_DIR + path, create=not frozen)
+        if not frozen:
+            _link_to_runtime(target, path)
     _mount_dev(target)  # a snapshot needs one too: its clones bind their device nodes from it
     os.chdir(target)
     syscalls.pivot_root(".", ".")
     syscalls.umount(".", syscalls.MNT_DETACH)
     os.chdir("/")
+
+
+def _bind_readonly(source: str, dest: str, create: bool) -> None:
+    if create:
+        os.makedirs(dest, exist_ok=True)
+    syscalls.mount(source, dest, None, syscalls.MS_BIND | syscalls.MS_REC)
+    syscalls.mount(None, dest, None, _RO_BIND)
+
+
+def _link_to_runtime(target: str, path: str) -> None:
+    link = target + path
+    if os.path.islink(link):
+        return
+    if os.path.lexists(link):
+        # The image has something there already; leave the image alone (the host can still import through
+        # RUNTIME_DIR only if it never needs this path, which holds for stdlib and site-packages of a venv).
+        return
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(RUNTIME_DIR + path, link)
 
 
 def _mount_dev(target: str) -> None:

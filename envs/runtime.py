@@ -26,8 +26,7 @@ from .cgroups import Cgroup, CgroupLayout
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .cleanup import process_start_time, remove_stale_runs
 from .errors import HostUnsupported, WorkspaceStartFailed
-from .image import PreparedImage, add_runtime_mount_points, build_default_image, place_directory, \
-    place_tarball, private_top, runtime_paths
+from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
 from .layers import LayerStore
 from .memory import processes_memory
 from .records import AppSpec, Failed, HostConfig, Limits, MemoryStats, Ready, encoder, reply_decoder
@@ -100,8 +99,6 @@ class WorkspaceRuntime:
         else:
             prepared = place_tarball(root, self.image_source)
         self.runtime_binds = runtime_paths()
-        if self.image_source is None:
-            add_runtime_mount_points(root / prepared.lower, self.runtime_binds)
         return prepared
 
     async def close(self) -> None:
@@ -160,8 +157,7 @@ class WorkspaceRuntime:
         engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = HostConfig(
             ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=self.image.lower,
-            binds=[b.path for b in self.image.binds] + self.runtime_binds,
-            private_tops=sorted({private_top(p) for p in self.runtime_binds}) if self.image_source is None else [],
+            image_binds=[b.path for b in self.image.binds], runtime_binds=self.runtime_binds,
             mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, engine_pid=os.getpid(),
             restore_from=restore_from, faults=self.faults,
         )

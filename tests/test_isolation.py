@@ -33,10 +33,13 @@ async def test_agent_cannot_reach_host_files(runtime: WorkspaceRuntime, tmp_path
     secret.write_text("host secret\n")
     try:
         ws = await runtime.create(heap_app())
-        for path in (str(secret), str(runtime.run_dir), "/var/lib", "/work", "/root", str(Path.cwd())):
-            code, text = await run(ws, f"cat {path} 2>&1 || ls {path} 2>&1")
-            assert "host secret" not in text
-            assert code != 0, f"agent could read {path}: {text}"
+        for path in (str(secret), str(Path.cwd() / "README.md"), str(Path(__file__))):
+            code, text = await run(ws, f"cat {path} 2>&1")
+            assert code != 0 and "host secret" not in text, f"agent could read {path}: {text}"
+        for path in (str(runtime.run_dir), str(runtime.layers.root), "/var/lib", "/root", str(Path.cwd()),
+                     str(Path.cwd() / ".venv")):
+            code, text = await run(ws, f"ls -A {path} 2>&1")
+            assert code != 0, f"agent could list {path}: {text}"
         code, text = await run(ws, f"echo pwned > {secret} 2>&1; echo pwned > /root/x 2>&1")
         assert code != 0
         assert secret.read_text() == "host secret\n"
