@@ -118,16 +118,19 @@ def place_tarball(pool_root: Path, tarball: Path) -> PreparedImage:
 
 
 def place_directory(pool_root: Path, directory: Path) -> PreparedImage:
-    """Bind the image directory into the pool read-only; ``unplace`` undoes it."""
-    from . import syscalls
+    """Copy the image directory into the pool, once per run (reflinks where the file systems allow).
 
+    Why a copy: overlayfs takes layers from another mount namespace only at the root of a detached mount, and
+    the pool's detached copy is the one tree every workspace can name; a bind mount inside it would not do.
+    """
     _check_rootfs(directory, str(directory))
     digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
     name = f"image-dir-{digest}"
     dest = pool_root / name
-    dest.mkdir()
-    syscalls.mount(str(directory), str(dest), None, syscalls.MS_BIND)
-    syscalls.mount(None, str(dest), None, syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY)
+    proc = subprocess.run(["cp", "-a", "--reflink=auto", f"{directory}/.", str(dest)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise ImageError(f"image {directory}: copy failed: {proc.stderr.strip()}")
     return PreparedImage(name=name, lower=name)
 
 

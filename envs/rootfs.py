@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from . import syscalls
+from .image import AGENT_GID, AGENT_HOME, AGENT_UID, CLONE_ROOT
 
 RUNTIME_DIR = "/.bunshin-runtime"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -39,6 +40,7 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, ima
     for path in image_binds:
         _bind_readonly(path, target + path, create=not frozen)
     if not frozen:
+        _ensure_skeleton(target)
         os.makedirs(target + RUNTIME_DIR, mode=0o700, exist_ok=True)
         os.chmod(target + RUNTIME_DIR, 0o700)
     for path in runtime_binds:
@@ -50,6 +52,18 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, ima
     syscalls.pivot_root(".", ".")
     syscalls.umount(".", syscalls.MNT_DETACH)
     os.chdir("/")
+
+
+def _ensure_skeleton(target: str) -> None:
+    """Directories the runtime mounts on or runs in; an image that lacks them gets them in its upper layer."""
+    for path, mode in (("/proc", 0o555), ("/dev", 0o755), ("/tmp", 0o1777), (CLONE_ROOT, 0o700)):
+        if not os.path.isdir(target + path):
+            os.makedirs(target + path, exist_ok=True)
+            os.chmod(target + path, mode)
+    home = target + AGENT_HOME
+    if not os.path.isdir(home):
+        os.makedirs(home)
+        os.chown(home, AGENT_UID, AGENT_GID)
 
 
 def _bind_readonly(source: str, dest: str, create: bool) -> None:
