@@ -93,6 +93,14 @@ class AppContext:
     run_agent: Callable[[str, float], Observation]
     files: list[ReopenableFile] = field(default_factory=list)
     sockets: list[RebindableSocket] = field(default_factory=list)
+    spawner: Callable[..., Any] | None = None
+
+    def spawn(self, target: str, **kwargs: Any) -> Any:
+        """Start a worker process (``module:WorkerAppSubclass``) holding state of its own; it is forked with
+        the workspace. Returns a ``WorkerHandle``: ``handle.call("method", **args)``."""
+        if self.spawner is None:
+            raise RuntimeError("only a workspace host's application can spawn workers")
+        return self.spawner(target, kwargs)
 
     def open(self, path: str, mode: str = "r") -> ReopenableFile:
         f = ReopenableFile(path, mode)

@@ -19,9 +19,9 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .channel import async_send_frame
 from .errors import ForkFailed, RequestRefused, WorkspaceStartFailed
-from .records import CloneSpec, Fork, Forked, encoder
+from .records import CloneSpec, Fork, Forked
+from .seeds import derive_seed
 from .workspace import ForkTiming, Snapshot, Workspace
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ def make_backend(name: str, runtime: WorkspaceRuntime) -> ForkBackend:
 
 
 def _clone_seed(source: Workspace, seed: int | None) -> int:
-    from .runtime import derive_seed
-
     source.forks += 1
     return derive_seed(source.seed, "fork", source.forks) if seed is None else seed
 

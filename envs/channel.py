@@ -13,6 +13,7 @@ import socket
 import struct
 
 MAX_FRAME = 256 << 20
+MAX_FDS = 16  # descriptors one frame may carry
 _HEADER = struct.Struct(">I")
 
 
@@ -32,7 +33,7 @@ def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds: list[int] = []
     header = bytearray()
     while len(header) < _HEADER.size:
-        data, ancdata, _flags, _addr = sock.recvmsg(_HEADER.size - len(header), socket.CMSG_SPACE(4 * 4))
+        data, ancdata, _flags, _addr = sock.recvmsg(_HEADER.size - len(header), socket.CMSG_SPACE(4 * MAX_FDS))
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
@@ -53,8 +54,13 @@ def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     return bytes(body), fds
 
 
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
+    data = _HEADER.pack(len(payload)) + payload
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)  # the descriptors ride on the first byte
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
 
 
 # -- asyncio side (engine) --------------------------------------------------------------------------------------

@@ -27,10 +27,11 @@ from typing import Any
 
 import msgspec
 
-from . import checkpoint_file, image, namespaces, rootfs, syscalls
+from . import checkpoint_file, image, namespaces, rootfs, syscalls, workers
 from .app import AppContext, ToolError, WorkspaceApp
 from .channel import ChannelClosed, recv_frame, send_frame
 from .layers import snapshot_at
+from .seeds import derive_seed
 from .records import (
     Checkpoint,
     Checkpointed,
@@ -96,7 +97,8 @@ class Host:
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.app: WorkspaceApp = app_cls(**config.app.kwargs)
         self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
-                              run_agent=self.run_agent)
+                              run_agent=self.run_agent, spawner=self.spawn_worker)
+        self.workers: list[workers.WorkerHandle] = []
 
     # -- faults (named steps a test can make fail) ------------------------------------------------------------
     def fault(self, name: str) -> None:
@@ -198,7 +200,28 @@ class Host:
                 return Closed()
         return Failed(kind="bad_request", message=f"unhandled request {type(request).__name__}")
 
+    def spawn_worker(self, target: str, kwargs: dict[str, Any]) -> workers.WorkerHandle:
+        index = len(self.workers)
+        handle = workers.spawn(
+            target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
+            close_in_child=[self.sock.close, *(w.close for w in self.workers), self._close_agent_ns_fd],
+        )
+        self.workers.append(handle)
+        return handle
+
+    def _close_agent_ns_fd(self) -> None:
+        if self.agent_pidns_fd is not None:
+            os.close(self.agent_pidns_fd)
+            self.agent_pidns_fd = None
+
     def shutdown(self) -> None:
+        for w in self.workers:
+            w.close()  # a worker exits when its socket closes
+        for w in self.workers:
+            try:
+                os.waitpid(w.pid, 0)  # ours if we spawned it; a clone's adopted workers are the engine's
+            except ChildProcessError:
+                pass
         self.kill_agents()
         try:
             self.app.close()
@@ -281,9 +304,7 @@ class Host:
         children: so reap any child until the init is among them (waiting for the init alone would deadlock).
         """
         init, self.agent_init_pid = self.agent_init_pid, None
-        if self.agent_pidns_fd is not None:
-            os.close(self.agent_pidns_fd)
-            self.agent_pidns_fd = None
+        self._close_agent_ns_fd()
         if init is None:
             return
         try:
@@ -305,27 +326,41 @@ class Host:
             return Failed(kind="bad_request", message=f"fork needs exactly one descriptor, got {len(fds)}")
         clone_fd = fds[0]
         started = time.monotonic_ns()
+        worker_ends: list[socket.socket] = []
         try:
             self.app.before_fork(self.ctx)
+            for w in self.workers:
+                w.before_fork()
             self.fault("fork.before_snapshot")
             snapshot_at(self.pool_fd, self.layer_fd, spec.layer, readonly=spec.frozen)
             self.fault("fork.after_snapshot")
+            for w in self.workers:  # each worker forks itself; its clone waits on the end we keep for ours
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                worker_ends.append(ours)
+                try:
+                    w.fork(theirs.fileno())
+                finally:
+                    theirs.close()
             gc.freeze()  # keep the collector from touching (and so copying) every object page in the clone
             pid = os.fork()
         except BaseException:
             os.close(clone_fd)
+            for end in worker_ends:
+                end.close()  # a worker clone still waiting sees EOF and exits
             raise
         if pid == 0:
-            self._fork_intermediate(spec, clone_fd)  # returns only in the clone
+            self._fork_intermediate(spec, clone_fd, worker_ends)  # returns only in the clone
             raise BecameClone
         os.close(clone_fd)
+        for end in worker_ends:
+            end.close()
         _, status = os.waitpid(pid, 0)
         frozen_for = time.monotonic_ns() - started
         if status != 0:
             return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
         return Forked(freeze_ns=frozen_for)
 
-    def _fork_intermediate(self, spec: CloneSpec, clone_fd: int) -> None:
+    def _fork_intermediate(self, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
         """Fork once more and exit, so the clone is orphaned onto the engine (a child subreaper), not onto us."""
         try:
             if os.fork() != 0:
@@ -333,7 +368,7 @@ class Host:
         except BaseException:
             os._exit(70)
         try:
-            self._become_clone(spec, clone_fd)
+            self._become_clone(spec, clone_fd, worker_ends)
         except BaseException as exc:
             try:
                 send_frame(socket.socket(fileno=clone_fd),
@@ -341,12 +376,12 @@ class Host:
             finally:
                 os._exit(71)
 
-    def _become_clone(self, spec: CloneSpec, clone_fd: int) -> None:
+    def _become_clone(self, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
         started = time.monotonic()
         self.sock.close()  # the source's channel; the clone answers on its own
         self.sock = socket.socket(fileno=clone_fd)
         os.setsid()
-        _die_with_engine(self.config.engine_pid)
+        workers.die_with(self.config.reaper_pid)
         self._join_cgroup(spec.cgroup_rel)
         self.fault("clone.after_cgroup")
         namespaces.enter_new_workspace_namespaces(spec.hostname)
@@ -364,6 +399,14 @@ class Host:
         self.agent_init_pid = None
         self.ws_id, self.frozen = spec.ws_id, spec.frozen
         self.ctx.ws_id = spec.ws_id
+        if self.workers:
+            pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
+            try:
+                for w, end in zip(self.workers, worker_ends):
+                    w.adopt(pidfd, end, ws_id=spec.ws_id, seed=derive_seed(spec.seed, "worker", w.index),
+                            cgroup_rel=spec.cgroup_rel, reaper_pid=self.config.reaper_pid, frozen=spec.frozen)
+            finally:
+                os.close(pidfd)
         if not spec.frozen:
             namespaces.loopback_up()
             self.ctx.reseed(spec.seed)
@@ -430,18 +473,6 @@ def _agent_init(ready_w: int) -> None:
         os._exit(1)
 
 
-def _die_with_engine(engine_pid: int) -> None:
-    """Get SIGKILL when the engine dies. Only once reparented onto it: death signals fire on reparenting."""
-    deadline = time.monotonic() + 5
-    while os.getppid() != engine_pid:
-        if time.monotonic() > deadline:
-            os._exit(72)
-        time.sleep(0.0001)
-    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != engine_pid:
-        os._exit(73)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bunshin.envs.host")
     parser.add_argument("--channel", type=int, required=True)
@@ -453,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setblocking(True)
     body, _ = recv_frame(sock)
     config = config_decoder.decode(body)
-    if os.getppid() != config.engine_pid:
+    if os.getppid() != config.reaper_pid:
         return 73
     cgroup_fds = [int(x) for x in args.cgroups.split(",") if x]
     try:

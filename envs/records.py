@@ -76,7 +76,7 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     mount_target: str  # empty directory (host path) where the root is assembled before pivot_root
     cgroup_rel: str  # the workspace's cgroup below each hierarchy fd
     app: AppSpec
-    engine_pid: int
+    reaper_pid: int  # the run's nursery: clones are orphaned onto it, and die when it dies
     restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
     faults: list[str] = []
 
@@ -155,6 +155,32 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     message: str
 
 
+# -- nursery protocol: engine <-> the run's reaper process ---------------------------------------------------------
+
+
+class NurserySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
+    """Start a process; the frame's descriptors are passed to it, named ``{0}``, ``{1}``... in ``argv``."""
+
+    argv: list[str]
+    log_path: str
+    cwd: str
+
+
+class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
+    pid: int
+
+
+class NurseryFailed(msgspec.Struct, frozen=True, kw_only=True, tag="spawn_failed"):
+    message: str
+
+
+class NurseryExited(msgspec.Struct, frozen=True, kw_only=True, tag="exited"):
+    """Unsolicited: a process of the run exited (waitpid status)."""
+
+    pid: int
+    status: int
+
+
 Reply = Ready | Executed | Forked | Checkpointed | Pong | Closed | Failed
 
 _canonical_encoder = msgspec.msgpack.Encoder(order="sorted")
@@ -162,3 +188,4 @@ encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(Request)
 config_decoder = msgspec.msgpack.Decoder(HostConfig)
 reply_decoder = msgspec.msgpack.Decoder(Reply)
+nursery_decoder = msgspec.msgpack.Decoder(NurserySpawn | NurserySpawned | NurseryFailed | NurseryExited)

@@ -9,37 +9,30 @@ Must never: leave a process, mount, cgroup or layer behind when ``close()`` retu
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import syscalls
 from .cgroups import Cgroup, CgroupLayout
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .cleanup import process_start_time, remove_stale_runs
 from .errors import HostUnsupported, WorkspaceStartFailed
 from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
 from .layers import LayerStore
+from .nursery import Nursery
 from .memory import processes_memory
+from .seeds import derive_seed
 from .records import AppSpec, Failed, HostConfig, Limits, MemoryStats, Ready, encoder, reply_decoder
 from .workspace import Snapshot, Workspace
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any parts (run seed, task id, sample index, step...), stable across processes."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 class WorkspaceRuntime:
@@ -58,7 +51,6 @@ class WorkspaceRuntime:
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.workspaces: dict[str, Workspace] = {}
-        self._popen: dict[int, subprocess.Popen[bytes]] = {}
         self._started = False
         self._counter = 0
 
@@ -79,7 +71,8 @@ class WorkspaceRuntime:
             {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "run_id": self.run_id}))
         self._started = True
         try:
-            syscalls.prctl(syscalls.PR_SET_CHILD_SUBREAPER, 1)
+            self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))
+            await self.nursery.start()
             self.layout = CgroupLayout.detect()
             self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create()
             self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
@@ -111,6 +104,8 @@ class WorkspaceRuntime:
     async def _teardown(self) -> None:
         for ws in list(self.workspaces.values()):
             await ws.close()
+        if hasattr(self, "nursery"):
+            await self.nursery.close()
         for fd in getattr(self, "cgroup_fds", []):
             os.close(fd)
         if hasattr(self, "pool_fd"):
@@ -158,20 +153,16 @@ class WorkspaceRuntime:
         config = HostConfig(
             ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=self.image.lower,
             image_binds=[b.path for b in self.image.binds], runtime_binds=self.runtime_binds,
-            mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, engine_pid=os.getpid(),
+            mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=self.nursery.pid,
             restore_from=restore_from, faults=self.faults,
         )
-        proc: subprocess.Popen[bytes] | None = None
+        pid: int | None = None
         try:
-            log = open(self.run_dir / f"host-{ws_id}.log", "wb")
-            with log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "bunshin.envs.host", "--channel", str(host_end.fileno()),
-                     "--pool", str(self.pool_fd), "--cgroups", ",".join(map(str, self.cgroup_fds))],
-                    pass_fds=[host_end.fileno(), self.pool_fd, *self.cgroup_fds], stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=log, cwd=self.run_dir, start_new_session=True,
-                )
-            self._popen[proc.pid] = proc
+            pid = await self.nursery.spawn(
+                [sys.executable, "-m", "bunshin.envs.host", "--channel", "{0}", "--pool", "{1}", "--cgroups",
+                 ",".join(f"{{{i + 2}}}" for i in range(len(self.cgroup_fds)))],
+                fds=[host_end.fileno(), self.pool_fd, *self.cgroup_fds],
+                log_path=str(self.run_dir / f"host-{ws_id}.log"), cwd=str(self.run_dir))
             host_end.close()
             engine_end.setblocking(False)
             await async_send_frame(engine_end, encoder.encode(config))
@@ -181,10 +172,7 @@ class WorkspaceRuntime:
         except BaseException as exc:
             host_end.close()
             engine_end.close()
-            if proc is not None:
-                proc.kill()
-                await self.reap(proc.pid, None, timeout=5.0)
-            await asyncio.shield(asyncio.to_thread(self._remove_remains, group, layer, ws_id))
+            await asyncio.shield(self._abandon_start(pid, group, layer, ws_id))
             if isinstance(exc, Exception) and not isinstance(exc, WorkspaceStartFailed):
                 log_tail = self.host_log(ws_id)
                 raise WorkspaceStartFailed(ws_id, f"{type(exc).__name__}: {exc}{log_tail}") from exc
@@ -214,44 +202,25 @@ class WorkspaceRuntime:
             return ""
         return f"\n--- host log ---\n{text[-4000:]}" if text else ""
 
-    # -- reaping and removal ---------------------------------------------------------------------------------------
-    async def reap(self, pid: int, pidfd: int | None, timeout: float) -> int | None:
-        """Wait up to ``timeout`` for ``pid`` (our child, or orphaned onto us) to exit; return its wait status."""
-        own_fd = pidfd is None
-        if pidfd is None:
+    # -- removal ------------------------------------------------------------------------------------------------
+    async def _abandon_start(self, pid: int | None, group: Cgroup, layer: str, ws_id: str) -> None:
+        if pid is not None:
             try:
-                pidfd = os.pidfd_open(pid)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
-                return None
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-                except ChildProcessError:
-                    return None
-                if result is not None:
-                    popen = self._popen.pop(pid, None)
-                    if popen is not None:
-                        popen.returncode = result.si_status  # it is reaped; keep Popen from waiting again
-                    return _wait_status(result)
-                if time.monotonic() > deadline:
-                    return None
-                await _readable(pidfd, deadline - time.monotonic())
-        finally:
-            if own_fd:
-                os.close(pidfd)
+                pass
+            await self.nursery.wait_exit(pid, timeout=5.0)
+        await asyncio.to_thread(self._remove_remains, group, layer, ws_id)
 
     async def discard(self, ws: Workspace) -> None:
-        """After a host stopped serving: kill what is left, reap the host, remove cgroup and layer."""
+        """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer."""
         self.workspaces.pop(ws.id, None)
         await asyncio.to_thread(ws.cgroup.kill_all)
         try:
             os.kill(ws.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        await self.reap(ws.pid, ws.pidfd, timeout=10.0)
-        os.close(ws.pidfd)
+        await self.nursery.wait_exit(ws.pid, timeout=10.0)
         await asyncio.to_thread(self._remove_remains, ws.cgroup, ws.layer, ws.id)
 
     def _remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
@@ -276,22 +245,3 @@ class WorkspaceRuntime:
 
     def snapshots(self) -> list[Snapshot]:
         return [ws for ws in self.workspaces.values() if isinstance(ws, Snapshot)]
-
-
-def _wait_status(result: os.waitid_result) -> int:
-    if result.si_code == os.CLD_EXITED:
-        return (result.si_status & 0xFF) << 8
-    return result.si_status & 0x7F  # killed or dumped: the signal number
-
-
-async def _readable(fd: int, timeout: float) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-    try:
-        async with asyncio.timeout(max(timeout, 0)):
-            await ready
-    except TimeoutError:
-        pass
-    finally:
-        loop.remove_reader(fd)

@@ -57,7 +57,6 @@ class Workspace:
         self.app_spec = app
         self.id = ws_id
         self.pid = pid
-        self.pidfd = os.pidfd_open(pid)
         self.sock = sock
         self.cgroup = cgroup
         self.layer = layer
@@ -162,7 +161,7 @@ class Workspace:
 
     async def _death_reason(self) -> str:
         """Why the host went away: its wait status plus the cgroup's limit counters."""
-        status = await self.runtime.reap(self.pid, self.pidfd, timeout=5.0)
+        status = await self.runtime.nursery.wait_exit(self.pid, timeout=5.0)
         limit = self._limit_breach()
         if status is None:
             what = "host closed its channel but is still running"

@@ -35,13 +35,14 @@ def host_processes() -> list[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"bunshin.envs.host" in cmd:
+        if b"bunshin.envs.host" in cmd or b"bunshin.envs.nursery" in cmd:
             pids.append(int(entry.name))
     return pids
 
 
-def leftovers(run_id: str, run_dir: Path) -> list[str]:
-    """Everything of run ``run_id`` still present: processes, mounts, cgroups, its directory."""
+def leftovers(run_id: str, run_dir: Path, ignore: frozenset[int] = frozenset()) -> list[str]:
+    """Everything of run ``run_id`` still present: processes, mounts, cgroups, its directory. Processes are
+    matched by program (hosts, nurseries), so ``ignore`` names those of a run that is still live."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         if str(run_dir) in line:
@@ -51,14 +52,29 @@ def leftovers(run_id: str, run_dir: Path) -> list[str]:
             found.append(f"cgroup {root / f'bunshin-{run_id}'}")
     if run_dir.exists():
         found.append(f"directory {run_dir}")
-    found += [f"host process {pid}" for pid in host_processes()]
+    found += [f"host process {pid}" for pid in host_processes() if pid not in ignore]
+    found += [f"unreaped child {pid}" for pid in zombie_children()]
     return found
 
 
-def assert_no_leaks(rt: WorkspaceRuntime, timeout: float = 5.0) -> None:
+def zombie_children() -> list[int]:
+    """Dead children of this process nobody reaped (the engine is a subreaper: orphans land here)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except OSError:
+                continue
+            if state == "Z" and int(ppid) == me:
+                found.append(int(entry.name))
+    return found
+
+
+async def assert_no_leaks(rt: WorkspaceRuntime, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while (left := leftovers(rt.run_id, rt.run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     assert not left, f"run {rt.run_id} left behind: {left}"
 
 
@@ -85,7 +101,7 @@ async def make_runtime(state_dir: Path, loop_watchdog: None) -> AsyncIterator[Ca
     for rt in made:
         await rt.close()
     for rt in made:
-        assert_no_leaks(rt)
+        await assert_no_leaks(rt)
 
 
 @pytest_asyncio.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin.envs import ToolCall, WorkspaceRuntime, WorkspaceStartFailed
+from bunshin.envs import ToolCall, WorkspaceRuntime
 
 from .conftest import heap_app
 from .rootfs_builder import build_minimal_rootfs

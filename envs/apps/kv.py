@@ -1,0 +1,56 @@
+"""An application whose state lives in a worker process: a key-value store with a journal file and a listening
+socket, kept by a ``KVWorker`` that the host spawns. The contract's example for state in child processes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+from ..app import AppContext, Tool, WorkspaceApp
+from ..records import Observation
+from ..workers import WorkerApp, WorkerHandle
+
+
+class KVWorker(WorkerApp):
+    def __init__(self, journal: str):
+        self.journal_path = journal
+        self.data: dict[str, Any] = {}
+
+    def setup(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        self.journal = ctx.open(self.journal_path, "a")
+        self.server = ctx.listen(0)
+
+    def rpc_set(self, key: str, value: Any) -> int:
+        self.data[key] = value
+        self.journal.file.write(f"{key}={value}\n")
+        self.journal.file.flush()
+        return len(self.data)
+
+    def rpc_get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def rpc_identity(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "ppid": os.getppid(), "hostname": os.uname().nodename,
+                "port": self.server.port, "ws": self.ctx.ws_id}
+
+    def rpc_random(self, n: int = 4) -> list[int]:
+        return [random.getrandbits(32) for _ in range(n)]
+
+
+class KVApp(WorkspaceApp):
+    def __init__(self, journal: str = "/home/agent/kv.log"):
+        self.journal = journal
+
+    def setup(self, ctx: AppContext) -> None:
+        self.worker: WorkerHandle = ctx.spawn("bunshin.envs.apps.kv:KVWorker", journal=self.journal)
+
+    def tools(self) -> dict[str, Tool]:
+        return {
+            "kv_set": lambda a: Observation(output=str(self.worker.call("set", key=a["key"], value=a["value"]))),
+            "kv_get": lambda a: Observation(output=repr(self.worker.call("get", key=a["key"]))),
+            "kv_identity": lambda a: Observation(data=self.worker.call("identity")),
+            "kv_random": lambda a: Observation(data={"draws": self.worker.call("random", n=4)}),
+        }

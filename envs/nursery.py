@@ -1,0 +1,208 @@
+"""The nursery: one small process per run that spawns first hosts and reaps every workspace process.
+
+Owns: being the run's child subreaper (a clone is orphaned by the fork's double fork and lands here, and so does
+every worker's clone), spawning hosts with the descriptors the engine passes it, reaping whatever exits and
+telling the engine each exit's wait status. Why a process of its own: a subreaper adopts every orphan below it,
+and the engine often lives inside a trainer whose own grandchildren must not be adopted by us (nor we by them).
+Must never: outlive the engine (parent-death signal), or let a child of ours stay a zombie.
+
+Engine side: ``Nursery`` (asyncio). Process side: ``python -m bunshin.envs.nursery --control FD``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+
+from . import syscalls
+from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
+from .records import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
+
+
+# -- the nursery process ------------------------------------------------------------------------------------------
+
+
+def serve(control: socket.socket) -> None:
+    """Spawn on request; report every exit. Returns when the engine closes the control socket."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    popen: dict[int, subprocess.Popen[bytes]] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(control, selectors.EVENT_READ, "control")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "child":
+                os.read(wake_r, 4096)
+                _reap(control, popen)
+                continue
+            try:
+                body, fds = recv_frame(control)
+            except ChannelClosed:
+                return
+            request = nursery_decoder.decode(body)
+            assert isinstance(request, NurserySpawn)
+            try:
+                proc = _spawn(request, fds)
+            except Exception as exc:
+                send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
+            else:
+                popen[proc.pid] = proc
+                send_frame(control, encoder.encode(NurserySpawned(pid=proc.pid)))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        _reap(control, popen)  # a SIGCHLD may have raced the select
+
+
+def _spawn(request: NurserySpawn, fds: list[int]) -> subprocess.Popen[bytes]:
+    # The request's argv names descriptors as {0}, {1}, ...: the numbers they got here.
+    argv = [arg.format(*fds) for arg in request.argv]
+    with open(request.log_path, "ab") as log:
+        return subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                cwd=request.cwd, start_new_session=True)
+
+
+def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        proc = popen.pop(pid, None)
+        if proc is not None:
+            proc.returncode = status  # reaped here; keep Popen from waiting again
+        try:
+            send_frame(control, encoder.encode(NurseryExited(pid=pid, status=status)))
+        except OSError:
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bunshin.envs.nursery")
+    parser.add_argument("--control", type=int, required=True)
+    parser.add_argument("--engine-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != args.engine_pid:
+        return 73
+    syscalls.prctl(syscalls.PR_SET_CHILD_SUBREAPER, 1)
+    control = socket.socket(fileno=args.control)
+    control.setblocking(True)
+    send_frame(control, encoder.encode(NurserySpawned(pid=os.getpid())))
+    serve(control)
+    return 0
+
+
+# -- the engine's side --------------------------------------------------------------------------------------------
+
+
+class NurseryError(RuntimeError):
+    pass
+
+
+class Nursery:
+    """Asyncio client: ``spawn`` hosts through it, ``wait_exit`` for any workspace process's wait status."""
+
+    def __init__(self, log_path: str, cwd: str):
+        self.log_path, self.cwd = log_path, cwd
+        self.pid = 0
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._replies: asyncio.Queue[NurserySpawned | NurseryFailed] = asyncio.Queue(maxsize=1)
+        self._exits: dict[int, int] = {}
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "bunshin.envs.nursery", "--control", str(theirs.fileno()),
+                 "--engine-pid", str(os.getpid())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.cwd,
+                start_new_session=True)
+        theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        try:
+            async with asyncio.timeout(30):
+                hello = nursery_decoder.decode(await async_recv_frame(ours))
+        except (ChannelClosed, TimeoutError) as exc:
+            await self.close()
+            raise NurseryError("the nursery process did not start") from exc
+        assert isinstance(hello, NurserySpawned)
+        self.pid = hello.pid
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self._sock is not None
+        try:
+            while True:
+                message = nursery_decoder.decode(await async_recv_frame(self._sock))
+                if isinstance(message, NurseryExited):
+                    self._exits[message.pid] = message.status
+                    waiter = self._waiters.pop(message.pid, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(message.status)
+                else:
+                    await self._replies.put(message)
+        except ChannelClosed:
+            pass
+
+    async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str) -> int:
+        """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery."""
+        if self._sock is None:
+            raise NurseryError("the nursery is not running")
+        async with self._lock:
+            await async_send_frame(self._sock, encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd)),
+                                   fds)
+            reply = await self._replies.get()
+        if isinstance(reply, NurseryFailed):
+            raise NurseryError(reply.message)
+        return reply.pid
+
+    async def wait_exit(self, pid: int, timeout: float) -> int | None:
+        """The wait status of workspace process ``pid`` once it exited, or None after ``timeout``."""
+        if pid in self._exits:
+            return self._exits.pop(pid)
+        waiter = self._waiters.setdefault(pid, asyncio.get_running_loop().create_future())
+        try:
+            async with asyncio.timeout(timeout):
+                status = await asyncio.shield(waiter)
+        except TimeoutError:
+            return None
+        self._exits.pop(pid, None)
+        return status
+
+    async def close(self) -> None:
+        """Close the control socket; the nursery exits, and with it (parent-death signal) anything left."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), 10)
+            except TimeoutError:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Worker processes: application state kept in child processes of a workspace's host, forked with it.
+
+Owns: spawning a worker (a fork of the host running a ``WorkerApp``), calling it over its socketpair, and both
+sides of its live fork. When the workspace forks, each worker forks itself while the source is frozen; the worker's
+clone waits until the clone's host has built its namespaces, then enters them through a pidfd of that host
+(``setns(pidfd, NEWNS|NEWNET|NEWUTS|NEWIPC)``), joins the clone's cgroup, reseeds, re-opens its files, re-creates
+its sockets, and answers the clone's host. Kernel parenthood cannot be rebuilt by ``fork()`` (a clone is the child
+of the process that forked it): a worker's clone is re-parented onto the engine like every clone, and the clone's
+host owns it logically (it is the only one holding its socket, and the worker dies with the workspace's cgroup).
+Must never: keep a descriptor of the source workspace in a clone (the source's engine channel above all).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from . import syscalls
+from .app import AppContext
+from .channel import ChannelClosed, recv_frame, send_frame
+
+_NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
+
+
+class WorkerCall(msgspec.Struct, frozen=True, tag="call"):
+    method: str
+    args: dict[str, Any] = {}
+
+
+class WorkerBeforeFork(msgspec.Struct, frozen=True, tag="before_fork"):
+    pass
+
+
+class WorkerFork(msgspec.Struct, frozen=True, tag="fork"):
+    """Carries one descriptor: the socket end the worker's clone will answer on."""
+
+
+class WorkerAdopt(msgspec.Struct, frozen=True, kw_only=True, tag="adopt"):
+    """To a worker's clone, from the clone's host; carries a pidfd of that host."""
+
+    ws_id: str
+    seed: int
+    cgroup_rel: str
+    reaper_pid: int
+    frozen: bool = False
+
+
+class WorkerReply(msgspec.Struct, frozen=True, kw_only=True, tag="reply"):
+    value: Any = None
+    error: str | None = None
+
+
+_Message = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt
+_encoder = msgspec.msgpack.Encoder()
+_message_decoder = msgspec.msgpack.Decoder(_Message)
+_reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
+
+
+class WorkerApp:
+    """State in a worker process. RPC methods are named ``rpc_<method>`` and take keyword arguments."""
+
+    def setup(self, ctx: AppContext) -> None:
+        pass
+
+    def before_fork(self, ctx: AppContext) -> None:
+        for f in ctx.files:
+            if not f.file.closed:
+                f.file.flush()
+
+    def after_fork(self, ctx: AppContext) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class WorkerError(RuntimeError):
+    """A worker call failed in the worker; the message carries the worker's exception."""
+
+
+class WorkerHandle:
+    """The host's end of one worker. Calls are synchronous: the host is single-threaded."""
+
+    def __init__(self, index: int, pid: int, sock: socket.socket):
+        self.index, self.pid, self.sock = index, pid, sock
+
+    def _exchange(self, message: msgspec.Struct, fds: list[int] | None = None) -> WorkerReply:
+        send_frame(self.sock, _encoder.encode(message), fds)
+        body, _ = recv_frame(self.sock)
+        reply = _reply_decoder.decode(body)
+        if reply.error is not None:
+            raise WorkerError(f"worker {self.index} (pid {self.pid}): {reply.error}")
+        return reply
+
+    def call(self, method: str, **args: Any) -> Any:
+        return self._exchange(WorkerCall(method=method, args=args)).value
+
+    def before_fork(self) -> None:
+        self._exchange(WorkerBeforeFork())
+
+    def fork(self, clone_end: int) -> None:
+        self._exchange(WorkerFork(), fds=[clone_end])
+
+    def adopt(self, pidfd: int, new_sock: socket.socket, **fields: Any) -> None:
+        """Hand the worker's clone (answering on ``new_sock``) to the calling clone host; this handle then
+        speaks to the clone. ``fields`` are WorkerAdopt's."""
+        self.sock.close()  # the source's worker
+        self.sock = new_sock
+        self.pid = int(self._exchange(WorkerAdopt(**fields), fds=[pidfd]).value)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def load(target: str) -> type:
+    module, _, qualname = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _BecameClone(Exception):
+    pass
+
+
+class Worker:
+    """The worker process's side: serve calls; fork on request; in a clone, move into the clone's workspace."""
+
+    def __init__(self, sock: socket.socket, app: WorkerApp, ctx: AppContext, cgroup_fds: list[int]):
+        self.sock, self.app, self.ctx, self.cgroup_fds = sock, app, ctx, cgroup_fds
+
+    def serve(self) -> None:
+        while True:
+            try:
+                body, fds = recv_frame(self.sock)
+            except ChannelClosed:
+                return
+            try:
+                reply = self.handle(_message_decoder.decode(body), fds)
+            except _BecameClone:
+                continue
+            except Exception as exc:
+                traceback.print_exc()
+                reply = WorkerReply(error=f"{type(exc).__name__}: {exc}")
+            send_frame(self.sock, _encoder.encode(reply))
+
+    def handle(self, message: _Message, fds: list[int]) -> WorkerReply:
+        match message:
+            case WorkerCall(method=method, args=args):
+                fn = getattr(self.app, f"rpc_{method}", None)
+                if fn is None:
+                    return WorkerReply(error=f"no method {method!r}")
+                return WorkerReply(value=fn(**args))
+            case WorkerBeforeFork():
+                self.app.before_fork(self.ctx)
+                return WorkerReply()
+            case WorkerFork():
+                return self.fork(fds[0])
+        return WorkerReply(error=f"unexpected {type(message).__name__}")
+
+    def fork(self, clone_end: int) -> WorkerReply:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if os.fork() != 0:
+                    os._exit(0)
+                self._become_clone(clone_end)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(71)
+            raise _BecameClone
+        os.close(clone_end)
+        _, status = os.waitpid(pid, 0)
+        return WorkerReply(error=None if status == 0 else f"fork intermediate status {status:#x}")
+
+    def _become_clone(self, clone_end: int) -> None:
+        self.sock.close()  # the source host's end: never ours again
+        self.sock = socket.socket(fileno=clone_end)
+        os.setsid()
+        body, fds = recv_frame(self.sock)  # waits until the clone's host has built its workspace
+        adopt = _message_decoder.decode(body)
+        assert isinstance(adopt, WorkerAdopt) and len(fds) == 1
+        syscalls.setns(fds[0], _NAMESPACES)
+        os.close(fds[0])
+        os.chdir("/")
+        _join_cgroup(self.cgroup_fds, adopt.cgroup_rel)
+        die_with(adopt.reaper_pid)
+        self.ctx.ws_id = adopt.ws_id
+        if not adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
+            self.ctx.reseed(adopt.seed)
+            self.ctx.rebind_after_fork()
+            self.app.after_fork(self.ctx)
+        send_frame(self.sock, _encoder.encode(WorkerReply(value=os.getpid())))
+
+
+def _join_cgroup(cgroup_fds: list[int], rel: str) -> None:
+    for fd in cgroup_fds:
+        procs = os.open(f"{rel}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            os.write(procs, b"0")
+        finally:
+            os.close(procs)
+
+
+def die_with(reaper_pid: int) -> None:
+    """For a clone: get SIGKILL when the run's nursery dies. Only once re-parented onto it: death signals also
+    fire on re-parenting, so arming it while the fork's intermediate still lives would kill us."""
+    deadline = time.monotonic() + 5
+    while os.getppid() != reaper_pid:
+        if time.monotonic() > deadline:
+            os._exit(72)
+        time.sleep(0.0001)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != reaper_pid:
+        os._exit(73)
+
+
+def spawn(target: str, kwargs: dict[str, Any], index: int, ws_id: str, seed: int, cgroup_fds: list[int],
+          close_in_child: list[Callable[[], None]]) -> WorkerHandle:
+    """Fork a worker from the host. ``close_in_child`` close what of the host the worker must not keep open."""
+    cls = load(target)
+    if not (isinstance(cls, type) and issubclass(cls, WorkerApp)):
+        raise TypeError(f"{target} is not a WorkerApp subclass")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            for close in close_in_child:
+                close()
+            syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctx = AppContext(ws_id=ws_id, seed=seed, rng=random.Random(seed), run_agent=_no_agents)
+            app = cls(**kwargs)
+            app.setup(ctx)
+            send_frame(theirs, _encoder.encode(WorkerReply(value=os.getpid())))
+            Worker(theirs, app, ctx, cgroup_fds).serve()
+            app.close()
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+        os._exit(0)
+    theirs.close()
+    try:
+        body, _ = recv_frame(ours)
+    except ChannelClosed as exc:
+        ours.close()
+        os.waitpid(pid, 0)
+        raise WorkerError(f"worker {target} exited during setup") from exc
+    return WorkerHandle(index, pid, ours)
+
+
+def _no_agents(cmd: str, timeout_s: float) -> Any:
+    raise RuntimeError("workers do not run agent commands; the host does")
