@@ -174,17 +174,21 @@ class Nursery:
         return reply.pid
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
-        """The wait status of workspace process ``pid`` once it exited, or None after ``timeout``."""
+        """The wait status of workspace process ``pid`` once it exited, or None after ``timeout``. The status
+        is kept (a workspace may ask twice: why it died, then at close) until ``forget(pid)``."""
         if pid in self._exits:
-            return self._exits.pop(pid)
+            return self._exits[pid]
         waiter = self._waiters.setdefault(pid, asyncio.get_running_loop().create_future())
         try:
             async with asyncio.timeout(timeout):
                 status = await asyncio.shield(waiter)
         except TimeoutError:
             return None
-        self._exits.pop(pid, None)
         return status
+
+    def forget(self, pid: int) -> None:
+        self._exits.pop(pid, None)
+        self._waiters.pop(pid, None)
 
     async def close(self) -> None:
         """Close the control socket; the nursery exits, and with it (parent-death signal) anything left."""

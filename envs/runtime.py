@@ -210,6 +210,7 @@ class WorkspaceRuntime:
             except ProcessLookupError:
                 pass
             await self.nursery.wait_exit(pid, timeout=5.0)
+            self.nursery.forget(pid)
         await asyncio.to_thread(self._remove_remains, group, layer, ws_id)
 
     async def discard(self, ws: Workspace) -> None:
@@ -221,6 +222,7 @@ class WorkspaceRuntime:
         except ProcessLookupError:
             pass
         await self.nursery.wait_exit(ws.pid, timeout=10.0)
+        self.nursery.forget(ws.pid)
         await asyncio.to_thread(self._remove_remains, ws.cgroup, ws.layer, ws.id)
 
     def _remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
