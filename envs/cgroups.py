@@ -217,3 +217,14 @@ def _rmdir_retry(path: Path, timeout: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+def join_by_fds(hierarchy_fds: list[int], rel: str) -> None:
+    """Move the calling process into group ``rel`` below each hierarchy's open directory (used inside a
+    workspace, where the cgroup file systems are not mounted)."""
+    for fd in hierarchy_fds:
+        procs = os.open(f"{rel}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            os.write(procs, b"0")  # "0" is the writing process itself
+        finally:
+            os.close(procs)

@@ -102,10 +102,12 @@ def diagnose() -> Report:
     add(Check("loadable kernel modules", modules, "yes" if modules else "kernel built without module support"))
     add(Check("bunshin kernel module", loaded, "loaded" if loaded else "not loaded"))
     add(_docker())
-    add(Check("subreaper", True, "prctl(PR_SET_CHILD_SUBREAPER) available on Linux >= 3.4"))
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    add(Check("pidfd setns", release >= (5, 8), f"kernel {os.uname().release} (workers enter clones by pidfd)"))
+    add(Check("open_tree", release >= (5, 2), "detached pool mount for overlay layers"))
 
-    need = ["root", "namespace mount", "namespace net", "namespace uts", "namespace ipc", "overlayfs", "btrfs",
-            "cgroups"]
+    need = ["root", "namespace mount", "namespace net", "namespace uts", "namespace ipc", "namespace pid",
+            "overlayfs", "btrfs", "cgroups", "pidfd setns", "open_tree"]
     missing = [n for n in need if not report.ok(n)]
     verdict = (not missing, "ready" if not missing else "missing: " + ", ".join(missing))
     report.backends["cow"] = verdict

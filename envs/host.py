@@ -29,6 +29,7 @@ import msgspec
 
 from . import checkpoint_file, image, namespaces, rootfs, syscalls, workers
 from .app import AppContext, ToolError, WorkspaceApp
+from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 from .layers import snapshot_at
 from .seeds import derive_seed
@@ -117,7 +118,7 @@ class Host:
         """Join the cgroup, enter fresh namespaces, assemble the root and pivot into it; then set up the app."""
         start = time.monotonic()
         cfg = self.config
-        self._join_cgroup(cfg.cgroup_rel)
+        join_by_fds(self.cgroup_fds, cfg.cgroup_rel)
         try:  # lowering needs CAP_SYS_RESOURCE, which some sandboxes drop; agents are raised regardless
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(HOST_OOM_SCORE_ADJ))
@@ -140,14 +141,6 @@ class Host:
             self.app.setup(self.ctx)
         self.fault("start.after_setup")
         self.reply(Ready(ws_id=self.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
-
-    def _join_cgroup(self, rel: str) -> None:
-        for fd in self.cgroup_fds:
-            procs = os.open(f"{rel}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                os.write(procs, b"0")  # "0" is the writing process itself
-            finally:
-                os.close(procs)
 
     # -- serving ----------------------------------------------------------------------------------------------
     def reply(self, message: Reply) -> None:
@@ -382,7 +375,7 @@ class Host:
         self.sock = socket.socket(fileno=clone_fd)
         os.setsid()
         workers.die_with(self.config.reaper_pid)
-        self._join_cgroup(spec.cgroup_rel)
+        join_by_fds(self.cgroup_fds, spec.cgroup_rel)
         self.fault("clone.after_cgroup")
         namespaces.enter_new_workspace_namespaces(spec.hostname)
         os.fchdir(self.pool_fd)

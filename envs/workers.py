@@ -26,6 +26,7 @@ import msgspec
 
 from . import syscalls
 from .app import AppContext
+from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 
 _NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
@@ -193,7 +194,7 @@ class Worker:
         syscalls.setns(fds[0], _NAMESPACES)
         os.close(fds[0])
         os.chdir("/")
-        _join_cgroup(self.cgroup_fds, adopt.cgroup_rel)
+        join_by_fds(self.cgroup_fds, adopt.cgroup_rel)
         die_with(adopt.reaper_pid)
         self.ctx.ws_id = adopt.ws_id
         if not adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
@@ -201,15 +202,6 @@ class Worker:
             self.ctx.rebind_after_fork()
             self.app.after_fork(self.ctx)
         send_frame(self.sock, _encoder.encode(WorkerReply(value=os.getpid())))
-
-
-def _join_cgroup(cgroup_fds: list[int], rel: str) -> None:
-    for fd in cgroup_fds:
-        procs = os.open(f"{rel}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            os.write(procs, b"0")
-        finally:
-            os.close(procs)
 
 
 def die_with(reaper_pid: int) -> None:
