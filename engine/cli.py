@@ -10,10 +10,20 @@ import json
 import sys
 from pathlib import Path
 
-from bunshin.envs.app import nbytes_of
 from bunshin.envs.backends import BACKENDS
 
 from . import loop
+
+
+def nbytes_of(value: str | int) -> int:
+    """Parse sizes such as ``64M``, ``1G``, ``256MiB``, ``4096``."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
 
 
 def _sizes(text: str) -> list[int]:

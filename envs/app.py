@@ -10,7 +10,6 @@ or network namespace goes through the context, which rebinds it in the clone.
 from __future__ import annotations
 
 import mmap
-import os
 import random
 import socket
 import sys
@@ -166,18 +165,3 @@ class WorkspaceApp:
 
 class ToolError(Exception):
     """A tool refused its arguments or failed; the agent sees the message, the workspace goes on."""
-
-
-def nbytes_of(value: str | int) -> int:
-    """Parse sizes such as ``64M``, ``1G``, ``4096``."""
-    if isinstance(value, int):
-        return value
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
-def pages(size: int) -> int:
-    return (size + os.sysconf("SC_PAGE_SIZE") - 1) // os.sysconf("SC_PAGE_SIZE")

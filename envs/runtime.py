@@ -28,8 +28,9 @@ from .layers import LayerStore
 from .nursery import Nursery
 from .memory import processes_memory
 from .seeds import derive_seed
-from .records import AppSpec, Failed, HostConfig, Limits, MemoryStats, Ready, encoder, reply_decoder
-from .workspace import Snapshot, Workspace
+from .records import (AppSpec, Checkpoint, Checkpointed, Failed, HostConfig, Limits, MemoryStats, Ready,
+                      encoder, reply_decoder)
+from .workspace import Workspace
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
@@ -232,8 +233,6 @@ class WorkspaceRuntime:
 
     # -- checkpoints and memory -------------------------------------------------------------------------------------
     async def checkpoint(self, ws: Workspace, path: str) -> int:
-        from .records import Checkpoint, Checkpointed
-
         layer = f"{Path(path).name}.layer"
         reply = await ws.request(Checkpoint(path=path, layer=layer))
         assert isinstance(reply, Checkpointed)
@@ -244,6 +243,3 @@ class WorkspaceRuntime:
         if not hasattr(self, "cgroup"):
             return MemoryStats()
         return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
-
-    def snapshots(self) -> list[Snapshot]:
-        return [ws for ws in self.workspaces.values() if isinstance(ws, Snapshot)]

@@ -74,6 +74,6 @@ def test_memory_stats_add() -> None:
 @pytest.mark.parametrize("text,expected", [("64M", 64 << 20), ("1G", 1 << 30), ("4096", 4096), ("1.5K", 1536),
                                            ("256MiB", 256 << 20)])
 def test_sizes_parse(text: str, expected: int) -> None:
-    from bunshin.envs.app import nbytes_of
+    from bunshin.engine.cli import nbytes_of
 
     assert nbytes_of(text) == expected
