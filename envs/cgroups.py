@@ -87,11 +87,12 @@ class Cgroup:
         return Cgroup(self.layout, f"{self.rel}/{name}")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def create(self) -> Cgroup:
+    def create(self, delegate: bool = False) -> Cgroup:
+        """Make the group. ``delegate``: its children get memory and pids controllers (cgroup v2), which also
+        means it may hold no process itself (v2's no-internal-process rule): only the run's parent delegates."""
         for d in self.dirs():
             d.mkdir(exist_ok=True)
-        if self.layout.version == 2:
-            # Children of this group get memory and pids accounting.
+        if delegate and self.layout.version == 2:
             _write(self.path("memory") / "cgroup.subtree_control", "+memory +pids")
         return self
 
@@ -143,16 +144,22 @@ class Cgroup:
             self.freeze(False)
 
     def freeze(self, frozen: bool) -> None:
+        """Freeze this group (and so its descendants), or thaw it and every descendant: a descendant frozen on
+        its own (a workspace's agents, mid-fork) would otherwise stay frozen, and a frozen task cannot die."""
         if not self.layout.has_freezer:
             return
-        if self.layout.version == 2:
-            target = self.path("memory") / "cgroup.freeze"
-            if target.exists():
-                _write(target, "1" if frozen else "0")
-            return
-        state = self.path("freezer") / "freezer.state"
-        if state.exists():
-            _write(state, "FROZEN" if frozen else "THAWED")
+        if not frozen:
+            base = self.path("freezer") if self.layout.version == 1 else self.path("memory")
+            if base.exists():
+                for sub in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    self._set_frozen(sub, False)
+        self._set_frozen(self.path("freezer") if self.layout.version == 1 else self.path("memory"), frozen)
+
+    def _set_frozen(self, group: Path, frozen: bool) -> None:
+        target = group / ("cgroup.freeze" if self.layout.version == 2 else "freezer.state")
+        if target.exists():
+            _write(target, ("1" if frozen else "0") if self.layout.version == 2 else
+                   ("FROZEN" if frozen else "THAWED"))
 
     # -- limits and counters ---------------------------------------------------------------------------------
     def set_limits(self, memory_bytes: int | None, pids: int | None) -> None:
@@ -181,11 +188,20 @@ class Cgroup:
             return 0
 
     def oom_kills(self) -> int:
+        """OOM kills in this group's subtree (a counter that only grows; compare two readings)."""
         name = "memory.events" if self.layout.version == 2 else "memory.oom_control"
-        return _counter(self.path("memory") / name, "oom_kill")
+        return self._subtree_counter("memory", name, "oom_kill")
 
     def pids_limit_hits(self) -> int:
-        return _counter(self.path("pids") / "pids.events", "max")
+        """Forks refused at a pids limit in this group's subtree (only grows; compare two readings)."""
+        return self._subtree_counter("pids", "pids.events", "max")
+
+    def _subtree_counter(self, controller: str, name: str, key: str) -> int:
+        # Kernels count some events where they happened (an agent's subgroup), some where the limit is, some
+        # hierarchically: the sum over the subtree grows whenever any of them does.
+        base = self.path(controller)
+        groups = [base] + ([p for p in base.rglob("*") if p.is_dir()] if base.exists() else [])
+        return sum(_counter(g / name, key) for g in groups)
 
 
 def _counter(path: Path, key: str) -> int:
@@ -217,6 +233,43 @@ def _rmdir_retry(path: Path, timeout: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+AGENT_GROUP = "agent"  # a workspace's agent processes, frozen while the workspace forks
+
+
+def freeze_by_fds(hierarchy_fds: list[int], rel: str, frozen: bool, timeout: float = 2.0) -> None:
+    """Freeze or thaw group ``rel`` from inside a workspace, and wait until it is frozen (v1 freezer.state,
+    v2 cgroup.freeze); a hierarchy without a freezer is skipped."""
+    for fd in hierarchy_fds:
+        for control, state, want in (("freezer.state", "freezer.state", "FROZEN" if frozen else "THAWED"),
+                                     ("cgroup.freeze", "cgroup.events", "1" if frozen else "0")):
+            try:
+                handle = os.open(f"{rel}/{control}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            try:
+                os.write(handle, want.encode())
+            finally:
+                os.close(handle)
+            if frozen:
+                _wait_frozen(fd, f"{rel}/{state}", "FROZEN" if control == "freezer.state" else "frozen 1",
+                             timeout)
+
+
+def _wait_frozen(dir_fd: int, path: str, marker: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            text = os.read(handle, 4096).decode()
+        finally:
+            os.close(handle)
+        if marker in text.splitlines() or text.strip() == marker:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cgroup {path}: not frozen after {timeout}s ({text.strip()!r})")
+        time.sleep(0.0002)
 
 
 def join_by_fds(hierarchy_fds: list[int], rel: str) -> None:

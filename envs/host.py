@@ -29,7 +29,7 @@ import msgspec
 
 from . import checkpoint_file, image, namespaces, rootfs, syscalls, workers
 from .app import AppContext, ToolError, WorkspaceApp
-from .cgroups import join_by_fds
+from .cgroups import AGENT_GROUP, freeze_by_fds, join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 from .layers import snapshot_at
 from .seeds import derive_seed
@@ -100,6 +100,7 @@ class Host:
         self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
                               run_agent=self.run_agent, spawner=self.spawn_worker)
         self.workers: list[workers.WorkerHandle] = []
+        self.agent_group = f"{config.cgroup_rel}/{AGENT_GROUP}"
 
     # -- faults (named steps a test can make fail) ------------------------------------------------------------
     def fault(self, name: str) -> None:
@@ -253,7 +254,8 @@ class Host:
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", cmd], cwd=image.AGENT_HOME, env=AGENT_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_agent_preexec,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: _agent_preexec(self.cgroup_fds, self.agent_group),
             )
         finally:
             syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
@@ -278,7 +280,7 @@ class Host:
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _agent_init(ready_w)
+            _agent_init(ready_w, self.cgroup_fds, self.agent_group)
         os.close(ready_w)
         ok = os.read(ready_r, 1)
         os.close(ready_r)
@@ -320,7 +322,12 @@ class Host:
         clone_fd = fds[0]
         started = time.monotonic_ns()
         worker_ends: list[socket.socket] = []
+        agents_frozen = False
         try:
+            if self.agent_init_pid is not None:
+                # Agent jobs left running in the background must not write while the files are snapshotted.
+                agents_frozen = True  # before the call: a freeze that times out must still be undone
+                freeze_by_fds(self.cgroup_fds, self.agent_group, True)
             self.app.before_fork(self.ctx)
             for w in self.workers:
                 w.before_fork()
@@ -340,6 +347,8 @@ class Host:
             os.close(clone_fd)
             for end in worker_ends:
                 end.close()  # a worker clone still waiting sees EOF and exits
+            if agents_frozen:
+                freeze_by_fds(self.cgroup_fds, self.agent_group, False)
             raise
         if pid == 0:
             self._fork_intermediate(spec, clone_fd, worker_ends)  # returns only in the clone
@@ -347,6 +356,8 @@ class Host:
         os.close(clone_fd)
         for end in worker_ends:
             end.close()
+        if agents_frozen:
+            freeze_by_fds(self.cgroup_fds, self.agent_group, False)
         _, status = os.waitpid(pid, 0)
         frozen_for = time.monotonic_ns() - started
         if status != 0:
@@ -391,6 +402,7 @@ class Host:
         self.agent_pidns_fd = None
         self.agent_init_pid = None
         self.ws_id, self.frozen = spec.ws_id, spec.frozen
+        self.agent_group = f"{spec.cgroup_rel}/{AGENT_GROUP}"
         self.ctx.ws_id = spec.ws_id
         if self.workers:
             pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
@@ -418,9 +430,10 @@ class Host:
         return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started)
 
 
-def _agent_preexec() -> None:
-    """In the agent command's child, before exec: make it the OOM killer's first pick, then drop to the agent
-    user for good (the score must be written while we still own our /proc entry)."""
+def _agent_preexec(cgroup_fds: list[int], agent_group: str) -> None:
+    """In the agent command's child, before exec: join the agents' cgroup, make it the OOM killer's first pick,
+    then drop to the agent user for good (the score must be written while we still own our /proc entry)."""
+    join_by_fds(cgroup_fds, agent_group)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(AGENT_OOM_SCORE_ADJ))
     os.setgroups([])
@@ -444,13 +457,14 @@ while True:
 """
 
 
-def _agent_init(ready_w: int) -> None:
+def _agent_init(ready_w: int, cgroup_fds: list[int], agent_group: str) -> None:
     """PID 1 of the agent namespace: mount its /proc, then exec a tiny reaper. Never returns.
 
     It execs (rather than staying a fork of the host) so that it holds none of the application's memory: a
     workspace's memory is then the host's alone, and the init costs well under 1 MiB.
     """
     try:
+        join_by_fds(cgroup_fds, agent_group)
         os.closerange(3, ready_w)
         os.closerange(ready_w + 1, 65536)
         syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)

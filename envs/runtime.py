@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cgroups import Cgroup, CgroupLayout
+from .cgroups import AGENT_GROUP, Cgroup, CgroupLayout
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .cleanup import process_start_time, remove_stale_runs
 from .errors import HostUnsupported, WorkspaceStartFailed
@@ -75,7 +75,7 @@ class WorkspaceRuntime:
             self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))
             await self.nursery.start()
             self.layout = CgroupLayout.detect()
-            self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create()
+            self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create(delegate=True)
             self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
             self.image = await asyncio.to_thread(self._prepare_image)
             self.pool_fd = self.layers.open_detached()
@@ -124,6 +124,7 @@ class WorkspaceRuntime:
 
     def new_cgroup(self, ws_id: str) -> Cgroup:
         group = self.cgroup.child(f"ws-{ws_id}").create()
+        group.child(AGENT_GROUP).create()  # limits below are hierarchical: they cover the agents too
         group.set_limits(self.limits.memory_bytes, self.limits.pids)
         return group
 

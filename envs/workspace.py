@@ -154,9 +154,9 @@ class Workspace:
         ooms, pid_hits = self.cgroup.oom_kills(), self.cgroup.pids_limit_hits()
         before, self._limit_hits = self._limit_hits, (ooms, pid_hits)
         if ooms > before[0]:
-            return f"memory limit: the OOM killer ran {ooms - before[0]} time(s) in the workspace"
+            return "memory limit: the OOM killer ran in the workspace"
         if pid_hits > before[1]:
-            return f"process limit: {pid_hits - before[1]} fork(s) refused at pids.max"
+            return "process limit: forks were refused at pids.max"
         return None
 
     async def _death_reason(self) -> str:

@@ -168,3 +168,21 @@ async def test_clone_gets_own_cgroup_and_namespaces(runtime: WorkspaceRuntime) -
         assert os.readlink(f"/proc/{clone.pid}/ns/{ns}") != os.readlink(f"/proc/{source.pid}/ns/{ns}"), ns
         assert os.readlink(f"/proc/{clone.pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
     assert await out(clone, "hostname") == f"ws-{clone.id}"
+
+
+async def test_agent_jobs_are_frozen_for_the_fork_and_run_on_after(runtime: WorkspaceRuntime) -> None:
+    import asyncio
+
+    ws = await runtime.create(heap_app())
+    await out(ws, "(while true; do echo tick >> ~/ticks; sleep 0.01; done) > /dev/null 2>&1 & echo started")
+    agents = runtime.cgroup.child(f"ws-{ws.id}/agent")
+    assert len(agents.procs()) >= 2  # the agent namespace's init and the loop
+    assert ws.pid not in agents.procs()
+    clone = await ws.fork()
+    count = "wc -l < ~/ticks"
+    at_fork = int(await out(clone, count))
+    await asyncio.sleep(0.3)
+    assert int(await out(clone, count)) == at_fork  # the job is the source's: nothing writes the clone's copy
+    before = int(await out(ws, count))
+    await asyncio.sleep(0.3)
+    assert int(await out(ws, count)) > before  # and the source's job was thawed after the fork
