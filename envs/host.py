@@ -421,6 +421,9 @@ class Host:
 
     # -- checkpoint (private-restore baseline) ------------------------------------------------------------------
     def checkpoint(self, path: str, layer: str) -> Reply:
+        if self.workers:
+            return Failed(kind="checkpoint", message="the private-restore backend checkpoints the host's state "
+                          f"only, and this application keeps state in {len(self.workers)} worker process(es)")
         started = time.monotonic_ns()
         self.app.before_fork(self.ctx)
         state = self.app.checkpoint()

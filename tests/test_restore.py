@@ -58,3 +58,14 @@ def test_checkpoint_file_round_trip_and_refusals(tmp_path) -> None:
             assert name in str(info.value)
     finally:
         os.close(fd)
+
+
+@pytest.mark.asyncio
+async def test_restore_refuses_state_it_cannot_checkpoint(make_runtime) -> None:
+    from bunshin.envs import AppSpec, ForkFailed
+
+    rt: WorkspaceRuntime = await make_runtime(backend="restore")
+    source = await rt.create(AppSpec(target="bunshin.envs.apps.kv:KVApp"))
+    with pytest.raises(ForkFailed, match="worker process"):
+        await source.fork()
+    assert (await source.execute(ToolCall(name="kv_get", args={"key": "k"}))).output == "None"

@@ -115,7 +115,9 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
     print(markdown_table(results, COLUMNS))
     if data["ratios_cow_vs_restore"]:
         print()
-        print(markdown_table(data["ratios_cow_vs_restore"], [
+        shown = [{k: (f"{v:.4f}" if k.endswith("_ratio") else v) for k, v in r.items()}
+                 for r in data["ratios_cow_vs_restore"]]
+        print(markdown_table(shown, [
             ("size", "size"), ("freeze_p50_ratio", "freeze cow/restore"), ("ready_p50_ratio", "ready cow/restore"),
             ("clone_private_ratio", "clone private cow/restore")]))
     if json_path:
