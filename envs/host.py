@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import os
 import random
 import signal
@@ -90,10 +89,7 @@ class Host:
         self.layer_fd = -1
         self.agent_init_pid: int | None = None
         self.agent_pidns_fd: int | None = None
-        module, _, qualname = config.app.target.partition(":")
-        app_cls: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            app_cls = getattr(app_cls, part)
+        app_cls = workers.load(config.app.target)
         if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.app: WorkspaceApp = app_cls(**config.app.kwargs)

@@ -122,7 +122,8 @@ class WorkerHandle:
         self.sock.close()
 
 
-def load(target: str) -> type:
+def load(target: str) -> Any:
+    """The object named ``module:qualname``."""
     module, _, qualname = target.partition(":")
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
