@@ -1,0 +1,212 @@
+"""WebArena task files (``config_files/<id>.json``) and WebArena's answer and URL evaluators.
+
+Owns: decoding a task file into a typed ``WebArenaTask`` (fields the real benchmark carries that we do not use are
+accepted; a missing or mistyped required field is refused with the file's path and the field), refusing tasks the
+embedded suite cannot run (another site, an evaluator type we lack) with a message naming what is missing, and the
+evaluators that need no browser: ``string_match`` (``exact_match``, ``must_include``, ``fuzzy_match`` through a
+pluggable judge) and ``url_match``. The score of a task is the product of its evaluators' scores, as in WebArena.
+Must never: score a task it cannot evaluate as 0 silently: it refuses the task instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+SUPPORTED_SITES = frozenset({"shopping"})
+EVAL_TYPES = frozenset({"string_match", "url_match", "program_html"})
+ANSWER_KINDS = frozenset({"exact_match", "must_include", "fuzzy_match"})
+OR = " |OR| "
+
+
+class TaskFileError(ValueError):
+    """A task file we cannot use. ``path`` is the file; the message names the field or feature."""
+
+    def __init__(self, path: str | Path, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+        self.detail = message
+
+
+class ProgramHtml(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    locator: str
+    required_contents: dict[str, Any]
+
+
+class Eval(msgspec.Struct, frozen=True, kw_only=True):
+    eval_types: list[str]
+    reference_answers: dict[str, Any] | None = None
+    reference_url: str | None = ""
+    program_html: list[ProgramHtml] = []
+    url_note: str = "GOLD in PRED"
+    string_note: str | None = None
+    reference_answer_raw_annotation: str | None = None
+
+
+class WebArenaTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One WebArena task file. Unknown fields are ignored (``storage_state``, ``geolocation``, ...)."""
+
+    task_id: int
+    sites: list[str]
+    start_url: str
+    intent: str
+    eval: Eval
+    intent_template: str = ""
+    intent_template_id: int | None = None
+    instantiation_dict: dict[str, Any] = {}
+    require_login: bool = False
+    require_reset: bool = False
+
+
+_decoder = msgspec.json.Decoder(WebArenaTask)
+
+
+def load_task(path: str | Path) -> WebArenaTask:
+    """Read and check one task file; raise TaskFileError naming the file and what is wrong or missing."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TaskFileError(path, f"cannot read: {exc.strerror}") from exc
+    try:
+        task = _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise TaskFileError(path, str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise TaskFileError(path, f"not JSON: {exc}") from exc
+    check_supported(task, path)
+    return task
+
+
+def load_tasks(paths: list[str | Path]) -> list[WebArenaTask]:
+    return [load_task(p) for p in paths]
+
+
+def check_supported(task: WebArenaTask, path: str | Path) -> None:
+    other_sites = sorted(set(task.sites) - SUPPORTED_SITES)
+    if other_sites:
+        raise TaskFileError(path, f"sites {other_sites} are not in the embedded suite (it has: "
+                                  f"{sorted(SUPPORTED_SITES)})")
+    unknown = [t for t in task.eval.eval_types if t not in EVAL_TYPES]
+    if unknown:
+        raise TaskFileError(path, f"eval.eval_types {unknown} are not supported (known: {sorted(EVAL_TYPES)})")
+    if not task.eval.eval_types:
+        raise TaskFileError(path, "eval.eval_types is empty: the task could never be scored")
+    if "string_match" in task.eval.eval_types:
+        answers = task.eval.reference_answers
+        if not answers:
+            raise TaskFileError(path, "eval.reference_answers is required by string_match")
+        kinds = sorted(set(answers) - ANSWER_KINDS)
+        if kinds:
+            raise TaskFileError(path, f"eval.reference_answers has {kinds}, not supported (known: "
+                                      f"{sorted(ANSWER_KINDS)})")
+    if "url_match" in task.eval.eval_types and not task.eval.reference_url:
+        raise TaskFileError(path, "eval.reference_url is required by url_match")
+    if task.eval.url_note != "GOLD in PRED":
+        raise TaskFileError(path, f"eval.url_note {task.eval.url_note!r} is not supported (only 'GOLD in PRED')")
+    if "program_html" in task.eval.eval_types and not task.eval.program_html:
+        raise TaskFileError(path, "eval.program_html is required by the program_html evaluator")
+
+
+# -- string_match ---------------------------------------------------------------------------------------------------
+
+
+def clean_answer(answer: str) -> str:
+    answer = answer.strip()
+    if len(answer) >= 2 and answer[0] == answer[-1] and answer[0] in "'\"":
+        answer = answer[1:-1]
+    return answer.lower()
+
+
+def tokens(text: str) -> list[str]:
+    """Word tokens, punctuation split off (what WebArena's NLTK tokenizer does for these answers)."""
+    return re.findall(r"\w+(?:[.']\w+)*|[^\w\s]", text)
+
+
+def exact_match(ref: str, pred: str) -> float:
+    return float(clean_answer(ref) == clean_answer(pred))
+
+
+def must_include(ref: str, pred: str, tokenize: bool = False) -> float:
+    clean_ref, clean_pred = clean_answer(ref), clean_answer(pred)
+    # A single one-word reference must be a whole token: "1" is not in "10".
+    if tokenize and len(clean_ref) == 1 and len(tokens(clean_ref)) == 1:
+        return float(clean_ref in tokens(clean_pred))
+    return float(clean_ref in clean_pred)
+
+
+Judge = Callable[[str, str, str], float]
+"""(intent, reference, prediction) -> score in [0, 1]."""
+
+
+def token_overlap_judge(intent: str, reference: str, prediction: str) -> float:
+    """The offline default for ``fuzzy_match``: deterministic, no model. Scores 1 when every content token of the
+    reference (lower-cased words and numbers, stop words dropped) occurs in the prediction, else 0. WebArena asks
+    an LLM whether the prediction is semantically equivalent; pass a model-backed judge to reproduce that."""
+    stop = {"the", "a", "an", "of", "and", "or", "to", "in", "is", "are", "it", "its", "for", "on", "with"}
+    ref = {t for t in tokens(clean_answer(reference)) if t.isalnum() and t not in stop}
+    pred = set(tokens(clean_answer(prediction)))
+    return float(bool(ref) and ref <= pred)
+
+
+def string_match(answer: str, reference_answers: dict[str, Any], intent: str,
+                 judge: Judge = token_overlap_judge) -> float:
+    """WebArena's StringEvaluator: the product of every reference kind's score."""
+    score = 1.0
+    for kind, value in reference_answers.items():
+        if kind == "exact_match":
+            score *= exact_match(str(value), answer)
+        elif kind == "must_include":
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                score *= must_include(str(v), answer, tokenize=len(values) == 1)
+        elif kind == "fuzzy_match":
+            if value == "N/A":  # the task is not achievable: the answer must say so
+                score *= exact_match("N/A", answer)
+            else:
+                for v in value if isinstance(value, list) else [value]:
+                    score *= judge(intent, str(v), answer)
+        else:
+            raise ValueError(f"unknown reference answer kind {kind!r}")
+    return score
+
+
+# -- url_match ------------------------------------------------------------------------------------------------------
+
+
+def _clean_url(url: str) -> str:
+    return str(url).strip().rstrip("/")
+
+
+def _parse_url(url: str) -> tuple[str, dict[str, list[str]]]:
+    parsed = urllib.parse.urlparse(url)
+    return parsed.netloc + parsed.path, urllib.parse.parse_qs(parsed.query)
+
+
+def url_match(reference_url: str, page_url: str) -> float:
+    """WebArena's URLEvaluator, rule "GOLD in PRED": some reference base path occurs in the page's, and every
+    reference query parameter has one of its reference values in the page's query."""
+    pred_base, pred_query = _parse_url(_clean_url(page_url))
+    ref_bases: list[str] = []
+    ref_queries: dict[str, set[str]] = collections.defaultdict(set)
+    for ref in reference_url.split(OR):
+        base, query = _parse_url(_clean_url(ref))
+        ref_bases.append(base)
+        for key, values in query.items():
+            ref_queries[key].update(values)
+    score = float(any(base in pred_base for base in ref_bases))
+    for key, values in ref_queries.items():
+        score *= float(any(v in pred_query.get(key, []) for v in values))
+    return score
+
+
+def expand_url(url: str, shopping_base: str) -> str:
+    """Replace WebArena's site placeholders with the embedded suite's addresses."""
+    return url.replace("__SHOPPING__", shopping_base.rstrip("/"))
