@@ -1,0 +1,224 @@
+"""OSWorld task files (``evaluation_examples/examples/<domain>/<uuid>.json``) and the metrics the embedded desktop
+uses, named as OSWorld names them.
+
+Owns: decoding a task file into a typed ``OSWorldTask`` (fields we do not use are accepted), refusing a task whose
+setup step, getter or metric the embedded desktop lacks (or that downloads from the internet) with its path and the
+field named, and the metrics: ``exact_match``, ``check_include_exclude``, ``compare_text_file``, ``compare_csv``,
+``check_json``, ``infeasible``. Getters read the workspace and live with the desktop.
+Must never: score a task it cannot evaluate as 0 silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .webarena import TaskFileError
+
+SETUP_TYPES = frozenset({"execute", "command", "sleep", "open", "launch"})
+GETTER_TYPES = frozenset({"vm_command_line", "vm_terminal_output", "vm_file", "rule", "list_directory"})
+
+
+class SetupStep(msgspec.Struct, frozen=True, kw_only=True):
+    type: str
+    parameters: dict[str, Any] = {}
+
+
+class Evaluator(msgspec.Struct, frozen=True, kw_only=True):
+    func: str | list[str]
+    result: dict[str, Any] | list[dict[str, Any]] | None = None
+    expected: dict[str, Any] | list[dict[str, Any]] | None = None
+    options: dict[str, Any] | list[dict[str, Any]] = {}
+    postconfig: list[SetupStep] = []
+    conj: str = "and"
+
+    @property
+    def funcs(self) -> list[str]:
+        return [self.func] if isinstance(self.func, str) else list(self.func)
+
+
+class OSWorldTask(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    instruction: str
+    evaluator: Evaluator
+    snapshot: str = ""
+    config: list[SetupStep] = []
+    related_apps: list[str] = []
+
+    @property
+    def infeasible(self) -> bool:
+        return self.evaluator.funcs == ["infeasible"]
+
+
+_decoder = msgspec.json.Decoder(OSWorldTask)
+
+
+def load_task(path: str | Path) -> OSWorldTask:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TaskFileError(path, f"cannot read: {exc.strerror}") from exc
+    try:
+        task = _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise TaskFileError(path, str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise TaskFileError(path, f"not JSON: {exc}") from exc
+    check_supported(task, path)
+    return task
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def check_supported(task: OSWorldTask, path: str | Path) -> None:
+    for where, steps in (("config", task.config), ("evaluator.postconfig", task.evaluator.postconfig)):
+        for i, step in enumerate(steps):
+            if step.type == "download":
+                raise TaskFileError(path, f"{where}[{i}] downloads from the internet, which the embedded desktop "
+                                          "cannot do")
+            if step.type not in SETUP_TYPES:
+                raise TaskFileError(path, f"{where}[{i}].type {step.type!r} is not supported (known: "
+                                          f"{sorted(SETUP_TYPES)})")
+    ev = task.evaluator
+    unknown = [f for f in ev.funcs if f not in METRICS]
+    if unknown:
+        raise TaskFileError(path, f"evaluator.func {unknown} not supported (known: {sorted(METRICS)})")
+    if ev.conj not in ("and", "or"):
+        raise TaskFileError(path, f"evaluator.conj {ev.conj!r} must be 'and' or 'or'")
+    if task.infeasible:
+        return
+    results, expected = _as_list(ev.result), _as_list(ev.expected)
+    if len(results) != len(ev.funcs):
+        raise TaskFileError(path, f"evaluator.result has {len(results)} getter(s) for {len(ev.funcs)} func(s)")
+    for name, getters in (("result", results), ("expected", expected)):
+        for i, getter in enumerate(getters):
+            kind = getter.get("type") if isinstance(getter, dict) else None
+            if kind not in GETTER_TYPES:
+                raise TaskFileError(path, f"evaluator.{name}[{i}].type {kind!r} is not supported (known: "
+                                          f"{sorted(GETTER_TYPES)})")
+
+
+# -- metrics ----------------------------------------------------------------------------------------------------------
+
+
+def exact_match(result: Any, rules: dict[str, Any]) -> float:
+    return float(result == rules["expected"])
+
+
+def check_include_exclude(result: str, rules: dict[str, Any]) -> float:
+    if result is None:
+        return 0.0
+    return float(all(s in result for s in rules.get("include", []))
+                 and not any(s in result for s in rules.get("exclude", [])))
+
+
+def _read(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def compare_text_file(result_path: str | None, expected_path: str | None, ignore_blanks: bool = False,
+                      ignore_case: bool = False) -> float:
+    got, want = _read(result_path), _read(expected_path)
+    if got is None or want is None:
+        return 0.0
+    if ignore_blanks:
+        got, want = " ".join(got.split()), " ".join(want.split())
+    if ignore_case:
+        got, want = got.lower(), want.lower()
+    return float(got == want)
+
+
+def compare_csv(result_path: str | None, expected_path: str | None, **options: Any) -> float:
+    got, want = _read(result_path), _read(expected_path)
+    if got is None or want is None:
+        return 0.0
+    rows = lambda text: [[c.strip() for c in row] for row in csv.reader(text.splitlines()) if row]  # noqa: E731
+    return float(rows(got) == rows(want))
+
+
+def _dig(data: Any, keys: list[Any]) -> tuple[bool, Any]:
+    for key in keys:
+        if isinstance(data, dict) and key in data:
+            data = data[key]
+        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+            data = data[key]
+        else:
+            return False, None
+    return True, data
+
+
+def check_json(result_path: str | None, rules: dict[str, Any], is_yaml: bool = False) -> float:
+    """OSWorld's check_json: every ``expect`` rule holds and no ``unexpect`` rule does. A rule is
+    ``{"key": [path...], "method": "eq"|"ne"|"has"|"in", "ref": value}``."""
+    text = _read(result_path)
+    if text is None:
+        return 0.0
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return 0.0
+
+    def holds(rule: dict[str, Any]) -> bool:
+        found, value = _dig(data, rule["key"])
+        method, ref = rule.get("method", "eq"), rule.get("ref")
+        if not found:
+            return False
+        if method == "eq":
+            return value == ref
+        if method == "ne":
+            return value != ref
+        if method == "has":
+            return ref in value
+        if method == "in":
+            return value in ref
+        raise ValueError(f"check_json: unknown method {method!r}")
+
+    return float(all(holds(r) for r in rules.get("expect", []))
+                 and not any(holds(r) for r in rules.get("unexpect", [])))
+
+
+def infeasible(*_: Any, **__: Any) -> float:
+    """Scored by the harness: 1 when the agent's last action is FAIL (OSWorld's convention)."""
+    raise RuntimeError("infeasible is scored from the agent's last action, not by a metric call")
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "exact_match": exact_match,
+    "check_include_exclude": check_include_exclude,
+    "compare_text_file": compare_text_file,
+    "compare_csv": compare_csv,
+    "compare_table": compare_csv,
+    "check_json": check_json,
+    "infeasible": infeasible,
+}
+
+
+def combine(scores: list[float], conj: str) -> float:
+    """OSWorld's conjunction of several metrics: all of them (``and``, the product) or any (``or``, the max)."""
+    if not scores:
+        return 0.0
+    if conj == "or":
+        return max(scores)
+    product = 1.0
+    for s in scores:
+        product *= s
+    return product
+
+
+def score_infeasible(last_action: str) -> float:
+    return float(last_action.strip().upper() == "FAIL")

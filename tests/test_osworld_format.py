@@ -1,0 +1,82 @@
+"""OSWorld task files and metrics (the getters live with the desktop)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bunshin.envs.suites import osworld as ow
+from bunshin.envs.suites.webarena import TaskFileError
+
+TASK = {  # real-shaped: fields we do not use are present
+    "id": "6f56bf42-85b8-4fbb-8e06-6c44960184ba",
+    "snapshot": "terminal", "source": "author", "trajectory": "trajectories/", "related_apps": ["terminal"],
+    "instruction": "Copy config.json to backup/ and set \"debug\" to false in the copy.",
+    "config": [{"type": "execute", "parameters": {"command": ["mkdir", "-p", "/home/user/backup"]}},
+               {"type": "sleep", "parameters": {"seconds": 0.1}}],
+    "evaluator": {"func": "check_json",
+                  "result": {"type": "vm_file", "path": "/home/user/backup/config.json", "dest": "config.json"},
+                  "expected": {"type": "rule", "rules": {"expect": [{"key": ["debug"], "method": "eq", "ref": False}]}}},
+}
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / f"{data.get('id', 'x')}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_real_shaped_file_loads(tmp_path: Path) -> None:
+    task = ow.load_task(write(tmp_path, TASK))
+    assert task.evaluator.funcs == ["check_json"] and task.config[0].type == "execute"
+    assert not task.infeasible
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.pop("instruction"), "missing required field `instruction`"),
+    (lambda d: d["config"].append({"type": "download", "parameters": {"files": []}}),
+     "config[2] downloads from the internet"),
+    (lambda d: d["config"].append({"type": "chrome_open_tabs"}), "config[2].type 'chrome_open_tabs' is not supported"),
+    (lambda d: d["evaluator"].__setitem__("func", "compare_pptx_files"), "evaluator.func ['compare_pptx_files']"),
+    (lambda d: d["evaluator"]["result"].__setitem__("type", "vlc_playing_info"),
+     "evaluator.result[0].type 'vlc_playing_info' is not supported"),
+    (lambda d: d["evaluator"].__setitem__("conj", "xor"), "evaluator.conj 'xor'"),
+])
+def test_unsupported_files_are_refused_naming_the_field(tmp_path: Path, mutate, message: str) -> None:
+    data = json.loads(json.dumps(TASK))
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(TaskFileError) as info:
+        ow.load_task(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_infeasible_task(tmp_path: Path) -> None:
+    data = dict(TASK, evaluator={"func": "infeasible"})
+    assert ow.load_task(write(tmp_path, data)).infeasible
+    assert ow.score_infeasible("FAIL") == 1.0 and ow.score_infeasible("DONE") == 0.0
+
+
+def test_metrics_pass_and_fail(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text('{"debug": false, "tags": ["x", "y"]}')
+    rules_ok = {"expect": [{"key": ["debug"], "method": "eq", "ref": False},
+                           {"key": ["tags"], "method": "has", "ref": "y"}]}
+    assert ow.check_json(str(tmp_path / "a.json"), rules_ok) == 1.0
+    assert ow.check_json(str(tmp_path / "a.json"), {"expect": [{"key": ["debug"], "ref": True}]}) == 0.0
+    assert ow.check_json(str(tmp_path / "missing.json"), rules_ok) == 0.0
+    assert ow.check_include_exclude("3 passed", {"include": ["passed"], "exclude": ["failed"]}) == 1.0
+    assert ow.check_include_exclude("1 failed, 2 passed", {"include": ["passed"], "exclude": ["failed"]}) == 0.0
+    assert ow.exact_match("42", {"expected": "42"}) == 1.0 and ow.exact_match("41", {"expected": "42"}) == 0.0
+    (tmp_path / "x.txt").write_text("Hello  World\n")
+    (tmp_path / "y.txt").write_text("hello world")
+    assert ow.compare_text_file(str(tmp_path / "x.txt"), str(tmp_path / "y.txt")) == 0.0
+    assert ow.compare_text_file(str(tmp_path / "x.txt"), str(tmp_path / "y.txt"), ignore_blanks=True,
+                                ignore_case=True) == 1.0
+    (tmp_path / "p.csv").write_text("a,b\n1, 2\n")
+    (tmp_path / "q.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "r.csv").write_text("a,b\n1,3\n")
+    assert ow.compare_csv(str(tmp_path / "p.csv"), str(tmp_path / "q.csv")) == 1.0
+    assert ow.compare_csv(str(tmp_path / "p.csv"), str(tmp_path / "r.csv")) == 0.0
+    assert ow.combine([1.0, 0.0], "and") == 0.0 and ow.combine([1.0, 0.0], "or") == 1.0
