@@ -29,13 +29,20 @@ class ReopenableFile:
     def __init__(self, path: str, mode: str):
         self.path, self.mode = path, mode
         self.file: IO[Any] = open(path, mode)
+        self._position = 0
 
     def reopen(self) -> None:
-        position = self.file.tell() if not self.file.closed else 0
+        position = self._position if self.file.closed else self.file.tell()
         self.file.close()
         mode = self.mode.replace("w", "r+").replace("x", "r+")  # never truncate the clone's copy
         self.file = open(self.path, mode)
         self.file.seek(position)
+
+    def suspend(self) -> None:
+        """Close, remembering the offset (a snapshot must not hold its source's files open)."""
+        if not self.file.closed:
+            self._position = self.file.tell()
+            self.file.close()
 
     def close(self) -> None:
         self.file.close()
@@ -124,6 +131,13 @@ class AppContext:
             f.reopen()
         for s in self.sockets:
             s.rebind()
+
+    def suspend_after_fork(self) -> None:
+        """In a snapshot: let go of the source's files and network; its clones re-open and re-create them."""
+        for f in self.files:
+            f.suspend()
+        for s in self.sockets:
+            s.sock.close()
 
 
 class WorkspaceApp:

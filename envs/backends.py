@@ -56,12 +56,18 @@ async def all_or_nothing(make: Coroutine[Any, Any, Workspace]) -> Workspace:
     try:
         return await asyncio.shield(inner)
     except asyncio.CancelledError:
-        try:
-            clone = await inner
-        except Exception:
-            pass
-        else:
-            await clone.close()
+        clone = None
+        while not inner.done():  # however often we are cancelled meanwhile: the fork is short
+            try:
+                await asyncio.shield(inner)
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        if not inner.cancelled() and inner.exception() is None:
+            clone = inner.result()
+        if clone is not None:
+            await asyncio.shield(clone.close())
         raise
 
 
@@ -79,7 +85,7 @@ class CowFork:
         clone_id = rt.new_id()
         spec = CloneSpec(ws_id=clone_id, hostname=f"ws-{clone_id}", seed=_clone_seed(source, seed),
                          layer=f"ws-{clone_id}", cgroup_rel=f"ws-{clone_id}", frozen=frozen)
-        group = rt.new_cgroup(clone_id)
+        group = await asyncio.to_thread(rt.new_cgroup, clone_id)
         engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         engine_end.setblocking(False)
         started = time.monotonic()

@@ -16,6 +16,7 @@ import argparse
 import gc
 import os
 import random
+import selectors
 import signal
 import socket
 import subprocess
@@ -194,10 +195,16 @@ class Host:
         index = len(self.workers)
         handle = workers.spawn(
             target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
-            close_in_child=[self.sock.close, *(w.close for w in self.workers), self._close_agent_ns_fd],
+            close_in_child=[self.sock.close, *(w.close for w in self.workers), self._close_agent_ns_fd,
+                            *(f.close for f in self.ctx.files), *(s.close for s in self.ctx.sockets),
+                            *(lambda fd=fd: os.close(fd) for fd in self._private_fds())],
         )
         self.workers.append(handle)
         return handle
+
+    def _private_fds(self) -> list[int]:
+        """Descriptors of the host's that nothing it starts may keep: the pool, its layer, its PID namespace."""
+        return [fd for fd in (self.pool_fd, self.pool_path_fd, self.layer_fd, self.own_pidns_fd) if fd >= 0]
 
     def _close_agent_ns_fd(self) -> None:
         if self.agent_pidns_fd is not None:
@@ -230,7 +237,10 @@ class Host:
                 unknown = set(args) - {"cmd", "timeout_s"}
                 if unknown:
                     raise ToolError(f"shell got unknown arguments {sorted(unknown)}")
-                obs = self.run_agent(cmd, float(args.get("timeout_s", timeout_s)))
+                asked = args.get("timeout_s", timeout_s)
+                if not isinstance(asked, int | float) or not 0 < asked < float("inf"):
+                    raise ToolError(f"shell timeout_s must be a positive number, got {asked!r}")
+                obs = self.run_agent(cmd, min(float(asked), timeout_s))  # the engine's limit is the ceiling
             else:
                 tools = self.app.tools()
                 if name not in tools:
@@ -248,22 +258,20 @@ class Host:
         assert self.agent_pidns_fd is not None
         syscalls.setns(self.agent_pidns_fd, syscalls.CLONE_NEWPID)
         try:
+            private = [self.sock.fileno(), *self._private_fds(), *(w.sock.fileno() for w in self.workers)]
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", cmd], cwd=image.AGENT_HOME, env=AGENT_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=lambda: _agent_preexec(self.cgroup_fds, self.agent_group),
+                preexec_fn=lambda: _agent_preexec(self.cgroup_fds, self.agent_group, private),
             )
         finally:
             syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        out, timed_out = _read_bounded(proc, timeout_s)
+        if timed_out:
             # A timed-out command takes the whole agent namespace with it (its background jobs too).
-            timed_out = True
             self.kill_agents()
-            out, _ = proc.communicate()
-        text = out[:MAX_OUTPUT].decode("utf-8", "replace")
+        proc.wait()
+        text = out.decode("utf-8", "replace")
         if timed_out:
             return Observation(output=text, exit_code=-signal.SIGKILL,
                                error=f"command timed out after {timeout_s:g}s")
@@ -354,6 +362,7 @@ class Host:
             end.close()
         if agents_frozen:
             freeze_by_fds(self.cgroup_fds, self.agent_group, False)
+        gc.unfreeze()  # the source collects as before; only the clone keeps the heap out of the collector's way
         _, status = os.waitpid(pid, 0)
         frozen_for = time.monotonic_ns() - started
         if status != 0:
@@ -408,7 +417,9 @@ class Host:
                             cgroup_rel=spec.cgroup_rel, reaper_pid=self.config.reaper_pid, frozen=spec.frozen)
             finally:
                 os.close(pidfd)
-        if not spec.frozen:
+        if spec.frozen:
+            self.ctx.suspend_after_fork()
+        else:
             namespaces.loopback_up()
             self.ctx.reseed(spec.seed)
             self.ctx.rebind_after_fork()
@@ -421,18 +432,54 @@ class Host:
             return Failed(kind="checkpoint", message="the private-restore backend checkpoints the host's state "
                           f"only, and this application keeps state in {len(self.workers)} worker process(es)")
         started = time.monotonic_ns()
-        self.app.before_fork(self.ctx)
-        state = self.app.checkpoint()
-        parts = state if isinstance(state, list) else [state]
-        written = checkpoint_file.write(self.pool_fd, path, parts)
-        snapshot_at(self.pool_fd, self.layer_fd, layer, readonly=True)
+        agents = self.agent_init_pid is not None
+        if agents:
+            freeze_by_fds(self.cgroup_fds, self.agent_group, True)
+        try:
+            self.app.before_fork(self.ctx)
+            state = self.app.checkpoint()
+            parts = state if isinstance(state, list) else [state]
+            written = checkpoint_file.write(self.pool_fd, path, parts)
+            snapshot_at(self.pool_fd, self.layer_fd, layer, readonly=True)
+        finally:
+            if agents:
+                freeze_by_fds(self.cgroup_fds, self.agent_group, False)
         return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started)
 
 
-def _agent_preexec(cgroup_fds: list[int], agent_group: str) -> None:
+def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bool]:
+    """The command's output up to MAX_OUTPUT bytes (the rest is read and dropped, so a chatty command neither
+    blocks nor fills the host's memory), and whether it timed out."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    kept = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.stdout.close()
+                return bytes(kept), True
+            if not sel.select(left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                proc.stdout.close()
+                return bytes(kept), False
+            if len(kept) < MAX_OUTPUT:
+                kept += chunk[: MAX_OUTPUT - len(kept)]
+
+
+def _agent_preexec(cgroup_fds: list[int], agent_group: str, private: list[int]) -> None:
     """In the agent command's child, before exec: join the agents' cgroup, make it the OOM killer's first pick,
-    then drop to the agent user for good (the score must be written while we still own our /proc entry)."""
+    close the host's private descriptors, then drop to the agent user for good (the score must be written while
+    we still own our /proc entry; the descriptors must be gone before anything runs as the agent)."""
     join_by_fds(cgroup_fds, agent_group)
+    for fd in [*private, *cgroup_fds]:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(AGENT_OOM_SCORE_ADJ))
     os.setgroups([])

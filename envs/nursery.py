@@ -162,16 +162,30 @@ class Nursery:
             pass
 
     async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str) -> int:
-        """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery."""
+        """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery. A cancelled
+        caller does not leave a reply in the queue for the next one: the exchange completes regardless (a host
+        spawned for nobody finds its channel closed and exits)."""
         if self._sock is None:
             raise NurseryError("the nursery is not running")
-        async with self._lock:
-            await async_send_frame(self._sock, encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd)),
-                                   fds)
-            reply = await self._replies.get()
+        owned = [os.dup(fd) for fd in fds]  # the exchange may outlive the caller and its descriptors
+        reply = await asyncio.shield(self._spawn_exchange(
+            encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd)), owned))
         if isinstance(reply, NurseryFailed):
             raise NurseryError(reply.message)
         return reply.pid
+
+    async def _spawn_exchange(self, payload: bytes, fds: list[int]) -> NurserySpawned | NurseryFailed:
+        assert self._sock is not None
+        try:
+            async with self._lock:
+                await async_send_frame(self._sock, payload, fds)
+                return await self._replies.get()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def exited(self, pid: int) -> bool:
+        return pid in self._exits
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
         """The wait status of workspace process ``pid`` once it exited, or None after ``timeout``. The status

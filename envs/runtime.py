@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .cgroups import AGENT_GROUP, Cgroup, CgroupLayout
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
@@ -103,19 +104,30 @@ class WorkspaceRuntime:
         await asyncio.shield(self._teardown())
 
     async def _teardown(self) -> None:
+        """Every step runs even when an earlier one failed; the first failure is raised at the end."""
+        errors: list[BaseException] = []
+
+        async def step(coro: Any) -> None:
+            try:
+                await coro
+            except Exception as exc:
+                errors.append(exc)
+
         for ws in list(self.workspaces.values()):
-            await ws.close()
+            await step(ws.close())
         if hasattr(self, "nursery"):
-            await self.nursery.close()
+            await step(self.nursery.close())
         for fd in getattr(self, "cgroup_fds", []):
             os.close(fd)
         if hasattr(self, "pool_fd"):
             os.close(self.pool_fd)
         if hasattr(self, "cgroup"):
-            await asyncio.to_thread(self.cgroup.remove)
+            await step(asyncio.to_thread(self.cgroup.remove))
         if hasattr(self, "layers"):
-            await asyncio.to_thread(self.layers.destroy_pool)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+            await step(asyncio.to_thread(self.layers.destroy_pool))
+        await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
 
     # -- naming -------------------------------------------------------------------------------------------------
     def new_id(self) -> str:
@@ -147,7 +159,7 @@ class WorkspaceRuntime:
                          restore_from: str | None = None, parent: str | None = None,
                          generation: int = 0, cls: type[Workspace] = Workspace) -> Workspace:
         """Spawn a host on an existing layer; on any failure undo the cgroup, the layer and the process."""
-        group = self.new_cgroup(ws_id)
+        group = await asyncio.to_thread(self.new_cgroup, ws_id)
         seed = derive_seed(self.seed, ws_id) if seed is None else seed
         target = self.run_dir / "roots" / ws_id
         target.mkdir(parents=True)
@@ -207,30 +219,38 @@ class WorkspaceRuntime:
     # -- removal ------------------------------------------------------------------------------------------------
     async def _abandon_start(self, pid: int | None, group: Cgroup, layer: str, ws_id: str) -> None:
         if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._kill_if_running(pid)
             await self.nursery.wait_exit(pid, timeout=5.0)
             self.nursery.forget(pid)
         await asyncio.to_thread(self._remove_remains, group, layer, ws_id)
+
+    def _kill_if_running(self, pid: int) -> None:
+        """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""
+        if self.nursery.exited(pid):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     async def discard(self, ws: Workspace) -> None:
         """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer."""
         self.workspaces.pop(ws.id, None)
         await asyncio.to_thread(ws.cgroup.kill_all)
-        try:
-            os.kill(ws.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._kill_if_running(ws.pid)
         await self.nursery.wait_exit(ws.pid, timeout=10.0)
         self.nursery.forget(ws.pid)
         await asyncio.to_thread(self._remove_remains, ws.cgroup, ws.layer, ws.id)
 
     def _remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
-        group.remove()
-        self.layers.delete(layer)
-        shutil.rmtree(self.run_dir / "roots" / ws_id, ignore_errors=True)
+        """Remove a workspace's cgroup, layer and mount point; each is tried even if another fails."""
+        try:
+            group.remove()
+        finally:
+            try:
+                self.layers.delete(layer)
+            finally:
+                shutil.rmtree(self.run_dir / "roots" / ws_id, ignore_errors=True)
 
     # -- checkpoints and memory -------------------------------------------------------------------------------------
     async def checkpoint(self, ws: Workspace, path: str) -> int:

@@ -198,7 +198,9 @@ class Worker:
         join_by_fds(self.cgroup_fds, adopt.cgroup_rel)
         die_with(adopt.reaper_pid)
         self.ctx.ws_id = adopt.ws_id
-        if not adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
+        if adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
+            self.ctx.suspend_after_fork()
+        else:
             self.ctx.reseed(adopt.seed)
             self.ctx.rebind_after_fork()
             self.app.after_fork(self.ctx)

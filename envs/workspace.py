@@ -12,6 +12,8 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
+
+import msgspec
 from typing import TYPE_CHECKING
 
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
@@ -98,6 +100,11 @@ class Workspace:
                 reason = await self._death_reason()
                 self.broken = reason
                 raise WorkspaceBroken(self.id, reason) from exc
+            except (OSError, ValueError, msgspec.DecodeError) as exc:
+                # The stream is in an unknown state: no later reply could be trusted to answer its request.
+                self._inflight = None
+                self.broken = f"channel out of step: {type(exc).__name__}: {exc}"
+                raise WorkspaceBroken(self.id, self.broken) from exc
         if isinstance(reply, Failed):
             raise RequestRefused(self.id, reply.kind, reply.message)
         return reply
@@ -107,16 +114,31 @@ class Workspace:
         return await async_recv_frame(self.sock)
 
     async def _collect_orphan(self) -> None:
-        """Wait for the reply of a request whose caller was cancelled, and drop it."""
-        if self._inflight is not None:
-            orphan, self._inflight = self._inflight, None
-            await orphan
+        """Wait for the reply of a request whose caller was cancelled, and drop it. Shielded: cancelling *this*
+        wait leaves the orphan running and registered, so the next request still collects it first."""
+        orphan = self._inflight
+        if orphan is None:
+            return
+        try:
+            await asyncio.shield(orphan)
+        except asyncio.CancelledError:
+            if not orphan.cancelled():
+                raise  # we were cancelled; the orphan runs on and stays registered
+            self._inflight = None  # only close() cancels an exchange, and then nothing is sent after it
+            raise
+        except ChannelClosed:
+            self._inflight = None
+            raise
+        except Exception as exc:
+            self._inflight = None
+            raise ValueError(f"the reply to a cancelled request failed: {exc}") from exc
+        self._inflight = None
 
     async def execute(self, call: ToolCall, timeout_s: float | None = None) -> Observation:
         """Run one tool call. A call that leaves the workspace over its limits raises WorkspaceBroken."""
         timeout = self.runtime.limits.command_timeout_s if timeout_s is None else timeout_s
         reply = await self.request(Execute(call=call, timeout_s=timeout))
-        reason = self._limit_breach()
+        reason = await asyncio.to_thread(self._limit_breach)
         if reason is not None:
             self.broken = reason
             raise WorkspaceBroken(self.id, reason)
@@ -181,18 +203,20 @@ class Workspace:
         await asyncio.shield(self._teardown())
 
     async def _teardown(self) -> None:
-        if not self.broken:
-            try:
-                async with asyncio.timeout(5):
-                    async with self._lock:
-                        await self._collect_orphan()
-                        await self._exchange(encoder.encode(Close()), None)
-            except (ChannelClosed, TimeoutError, OSError):
-                pass
-        if self._inflight is not None:
-            self._inflight.cancel()
-        self.sock.close()
-        await self.runtime.discard(self)
+        try:
+            if not self.broken:
+                try:
+                    async with asyncio.timeout(5):
+                        async with self._lock:
+                            await self._collect_orphan()
+                            await self._exchange(encoder.encode(Close()), None)
+                except (TimeoutError, OSError, ValueError):  # a host that cannot say goodbye is killed anyway
+                    pass
+        finally:
+            if self._inflight is not None:
+                self._inflight.cancel()
+            self.sock.close()
+            await self.runtime.discard(self)
 
 
 class Snapshot(Workspace):

@@ -43,3 +43,17 @@ async def test_listening_sockets_are_recreated_in_the_clones_network(runtime: Wo
     assert await call(grandchild, "shell", cmd=connect_and_send(port, "deep")) == "sent"
     assert await call(grandchild, "drain") == "deep"
     assert await call(clone, "drain") == ""
+
+
+async def test_a_snapshot_lets_go_of_its_source_and_its_clones_reopen(runtime: WorkspaceRuntime) -> None:
+    source = await runtime.create(NOTES)
+    await call(source, "append", text="before snapshot")
+    snap = await source.snapshot()
+    await call(source, "append", text="source after")
+    await source.close()
+    clone = await snap.fork()
+    await call(clone, "append", text="clone")
+    assert await call(clone, "shell", cmd="cat ~/journal.txt") == "before snapshot\nclone"
+    port = int(await call(clone, "port"))
+    assert await call(clone, "shell", cmd=connect_and_send(port, "hi")) == "sent"
+    assert await call(clone, "drain") == "hi"

@@ -85,3 +85,15 @@ async def test_snapshot_refuses_tools_through_the_host_too(runtime: WorkspaceRun
 
     with pytest.raises(RequestRefused, match="runs no tools"):
         await snap.request(Execute(call=ToolCall(name="shell", args={"cmd": "true"})))
+
+
+async def test_agent_cannot_outwait_or_flood_the_host(runtime: WorkspaceRuntime) -> None:
+    from bunshin.envs.host import MAX_OUTPUT
+
+    ws = await runtime.create(heap_app())
+    flood = await ws.execute(ToolCall(name="shell", args={"cmd": "head -c 50000000 /dev/zero | tr '\\\\0' x"}))
+    assert flood.exit_code == 0 and len(flood.output) == MAX_OUTPUT
+    capped = await ws.execute(ToolCall(name="shell", args={"cmd": "sleep 5", "timeout_s": 3600}), timeout_s=1)
+    assert capped.error == "command timed out after 1s"
+    bad = await ws.execute(ToolCall(name="shell", args={"cmd": "true", "timeout_s": float("inf")}))
+    assert bad.error is not None and "timeout_s must be a positive number" in bad.error

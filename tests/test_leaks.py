@@ -125,3 +125,33 @@ async def test_engine_killed_mid_fork_is_cleaned_up_at_next_start(state_dir: Pat
     assert not any(line for line in Path("/proc/self/mountinfo").read_text().splitlines()
                    if str(state_dir) in line)
     assert os.listdir(state_dir / "runs") == []
+
+
+async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_step(runtime) -> None:
+    from bunshin.envs import ToolCall
+
+    ws = await runtime.create(heap_app())
+    slow = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "sleep 0.4; echo first"})))
+    await asyncio.sleep(0.05)
+    slow.cancel()
+    waiting = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "echo second"})))
+    await asyncio.sleep(0.05)  # it now waits for the orphaned reply of the first
+    waiting.cancel()
+    for task in (slow, waiting):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo third"}))).output == "third\n"
+    assert (await ws.ping()).pid == ws.pid
+
+
+async def test_fork_cancelled_twice_still_leaves_nothing(runtime) -> None:
+    source = await runtime.create(heap_app())
+    task = asyncio.ensure_future(source.fork())
+    await asyncio.sleep(0.002)
+    task.cancel()
+    await asyncio.sleep(0.002)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    consistent(runtime)
+    assert list(runtime.workspaces) == [source.id]
