@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 from . import syscalls
@@ -23,11 +24,18 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start time in clock ticks since boot
 
 
+STAGING_GRACE_S = 60.0
+
+
 def _engine_alive(run_dir: Path) -> bool:
     try:
         info = json.loads((run_dir / "engine.json").read_text())
     except (FileNotFoundError, ValueError):
-        return False
+        # A run being staged (".<id>") has no engine.json for a moment: only an old one is dead.
+        try:
+            return time.time() - run_dir.stat().st_mtime < STAGING_GRACE_S
+        except FileNotFoundError:
+            return True
     return process_start_time(int(info["pid"])) == info.get("start_time")
 
 

@@ -68,9 +68,13 @@ class WorkspaceRuntime:
         if os.geteuid() != 0:
             raise HostUnsupported("the workspace runtime needs root (namespaces, mounts, cgroups)")
         await asyncio.to_thread(remove_stale_runs, self.state_dir)
-        self.run_dir.mkdir(parents=True)
-        (self.run_dir / "engine.json").write_text(json.dumps(
+        # The run directory appears with its engine.json already inside, so a second engine starting at the same
+        # moment never sees it half-made (and so dead).
+        staging = self.run_dir.with_name(f".{self.run_id}")
+        staging.mkdir(parents=True)
+        (staging / "engine.json").write_text(json.dumps(
             {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "run_id": self.run_id}))
+        staging.rename(self.run_dir)
         self._started = True
         try:
             self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import selectors
 import signal
 import socket
 import time
@@ -71,6 +72,11 @@ class WorkerApp:
 
     def setup(self, ctx: AppContext) -> None:
         pass
+
+    def readers(self) -> dict[Any, Callable[[], None]]:
+        """Sockets to watch (e.g. a listening socket from ``ctx.listen``) and what to call when one is readable.
+        Asked again after every request, so sockets re-created in a clone are picked up."""
+        return {}
 
     def before_fork(self, ctx: AppContext) -> None:
         for f in ctx.files:
@@ -142,19 +148,45 @@ class Worker:
         self.sock, self.app, self.ctx, self.cgroup_fds = sock, app, ctx, cgroup_fds
 
     def serve(self) -> None:
-        while True:
-            try:
-                body, fds = recv_frame(self.sock)
-            except ChannelClosed:
-                return
-            try:
-                reply = self.handle(_message_decoder.decode(body), fds)
-            except _BecameClone:
-                continue
-            except Exception as exc:
-                traceback.print_exc()
-                reply = WorkerReply(error=f"{type(exc).__name__}: {exc}")
-            send_frame(self.sock, _encoder.encode(reply))
+        """Answer the host, and call the app's readers when their sockets are readable (a worker can serve a
+        network protocol on the workspace's loopback while the host waits on it)."""
+        selector = selectors.DefaultSelector()
+        registered: dict[int, Any] = {}
+        try:
+            while True:
+                wanted = {id(s): (s, cb) for s, cb in [(self.sock, None), *self.app.readers().items()]
+                          if s.fileno() >= 0}  # a snapshot's sockets are closed until its clones re-create them
+                if wanted.keys() != registered.keys():  # after a fork the sockets are new objects
+                    selector.close()
+                    selector = selectors.DefaultSelector()
+                    for s, cb in wanted.values():
+                        selector.register(s, selectors.EVENT_READ, cb)
+                    registered = wanted
+                for key, _ in selector.select():
+                    if key.data is not None:
+                        try:
+                            key.data()
+                        except Exception:
+                            traceback.print_exc()  # one bad connection never stops the worker
+                    elif not self._answer_host():
+                        return
+        finally:
+            selector.close()
+
+    def _answer_host(self) -> bool:
+        try:
+            body, fds = recv_frame(self.sock)
+        except ChannelClosed:
+            return False
+        try:
+            reply = self.handle(_message_decoder.decode(body), fds)
+        except _BecameClone:
+            return True
+        except Exception as exc:
+            traceback.print_exc()
+            reply = WorkerReply(error=f"{type(exc).__name__}: {exc}")
+        send_frame(self.sock, _encoder.encode(reply))
+        return True
 
     def handle(self, message: _Message, fds: list[int]) -> WorkerReply:
         match message:

@@ -79,3 +79,18 @@ async def test_dead_host_with_workers_leaves_no_zombies(runtime: WorkspaceRuntim
             await tool(ws, "kv_get", key="k")
         await ws.close()
     # (the fixture then checks that no process, zombie included, is left)
+
+
+async def test_a_worker_serves_its_socket_in_each_clone(runtime: WorkspaceRuntime) -> None:
+    source = await runtime.create(KV)
+    await tool(source, "kv_set", key="k", value="source")
+    clone = await source.fork()
+    await tool(clone, "kv_set", key="k", value="clone")
+    assert (await tool(source, "kv_fetch", key="k")).output == "source"
+    assert (await tool(clone, "kv_fetch", key="k")).output == "clone"
+    missing = await tool(clone, "kv_fetch", key="nope")
+    assert missing.data["status"] == 404
+    # agents reach it too, over their workspace's loopback
+    port = (await tool(clone, "kv_identity")).data["port"]
+    fetch = f"python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/k').read().decode())\""
+    assert (await tool(clone, "shell", cmd=fetch)).output == "clone\n"

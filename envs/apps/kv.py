@@ -4,6 +4,7 @@ socket, kept by a ``KVWorker`` that the host spawns. The contract's example for 
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 from typing import Any
@@ -39,6 +40,24 @@ class KVWorker(WorkerApp):
     def rpc_random(self, n: int = 4) -> list[int]:
         return [random.getrandbits(32) for _ in range(n)]
 
+    def readers(self) -> dict[Any, Any]:
+        return {self.server.sock: self._serve_http}
+
+    def _serve_http(self) -> None:
+        """One HTTP/1.0 request per connection: ``GET /<key>`` answers the value (404 if unset)."""
+        conn, _ = self.server.sock.accept()
+        with conn:
+            conn.settimeout(2)
+            request = conn.recv(4096).decode(errors="replace")
+            path = request.split(" ", 2)[1] if request.count(" ") >= 2 else "/"
+            key = path.lstrip("/")
+            if key in self.data:
+                body, status = str(self.data[key]).encode(), "200 OK"
+            else:
+                body, status = b"no such key", "404 Not Found"
+            conn.sendall(f"HTTP/1.0 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+
 
 class KVApp(WorkspaceApp):
     def __init__(self, journal: str = "/home/agent/kv.log"):
@@ -53,4 +72,16 @@ class KVApp(WorkspaceApp):
             "kv_get": lambda a: Observation(output=repr(self.worker.call("get", key=a["key"]))),
             "kv_identity": lambda a: Observation(data=self.worker.call("identity")),
             "kv_random": lambda a: Observation(data={"draws": self.worker.call("random", n=4)}),
+            "kv_fetch": self._fetch,
         }
+
+    def _fetch(self, args: dict[str, Any]) -> Observation:
+        """The host as an HTTP client of its own worker, over the workspace's loopback."""
+        port = self.worker.call("identity")["port"]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", f"/{args['key']}")
+            response = conn.getresponse()
+            return Observation(output=response.read().decode(), data={"status": response.status})
+        finally:
+            conn.close()
