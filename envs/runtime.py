@@ -163,10 +163,15 @@ class WorkspaceRuntime:
                          restore_from: str | None = None, parent: str | None = None,
                          generation: int = 0, cls: type[Workspace] = Workspace) -> Workspace:
         """Spawn a host on an existing layer; on any failure undo the cgroup, the layer and the process."""
-        group = await asyncio.to_thread(self.new_cgroup, ws_id)
-        seed = derive_seed(self.seed, ws_id) if seed is None else seed
         target = self.run_dir / "roots" / ws_id
-        target.mkdir(parents=True)
+        making = asyncio.ensure_future(asyncio.to_thread(self._make_group_and_root, ws_id, target))
+        try:
+            group = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            group = await making  # the thread runs on regardless; undo once it is done
+            await asyncio.to_thread(self._remove_remains, group, layer, ws_id)
+            raise
+        seed = derive_seed(self.seed, ws_id) if seed is None else seed
         engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = HostConfig(
             ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=self.image.lower,
@@ -197,6 +202,11 @@ class WorkspaceRuntime:
             raise
         self.workspaces[ws_id] = ws
         return ws
+
+    def _make_group_and_root(self, ws_id: str, target: Path) -> Cgroup:
+        group = self.new_cgroup(ws_id)
+        target.mkdir(parents=True)
+        return group
 
     async def await_ready(self, ws_id: str, sock: socket.socket) -> int:
         """Wait for a host's Ready on ``sock``; a Failed reply or a closed channel raises WorkspaceStartFailed."""
