@@ -95,3 +95,38 @@ async def test_a_forked_shop_reads_its_catalog_without_copying_it(runtime) -> No
     # 50 searches over the whole index and 100 product pages read all of the ~32 MiB of packed catalog and
     # index; what the clone owns afterwards is allocator churn of its two processes (~6 MiB), not a copy
     assert grown < 16 << 20, f"the clone copied {grown / 2**20:.1f} MiB while only reading"
+
+
+@pytest.mark.asyncio
+async def test_carts_live_in_each_forks_own_database(runtime) -> None:
+    import re
+
+    from bunshin.envs import AppSpec, ToolCall
+
+    shop = await runtime.create(AppSpec(target="bunshin.envs.webshop.app:ShopApp", kwargs={"catalog_size": 500}))
+
+    async def add(ws, doc: int) -> None:
+        sku = f"B000{doc:07d}"
+        obs = await ws.execute(ToolCall(name="http_post", args={"path": "/checkout/cart/add/",
+                                                                "form": {"sku": sku, "qty": 1}}))
+        assert obs.data == {"status": 302, "location": "/checkout/cart/"}, obs
+
+    async def cart(ws) -> list[str]:
+        page = (await ws.execute(ToolCall(name="http_get", args={"path": "/checkout/cart/"}))).output
+        return re.findall(r'class="product-item-link" href="[^"]+-(b\d+)\.html"', page)
+
+    assert await cart(shop) == []
+    await add(shop, 1)
+    clone = await shop.fork()
+    await add(clone, 2)
+    await add(shop, 3)
+    assert await cart(shop) == ["b0000000001", "b0000000003"]
+    assert await cart(clone) == ["b0000000001", "b0000000002"]
+    snap = await clone.snapshot()
+    one, two = await snap.fork(), await snap.fork()
+    await add(one, 4)
+    assert await cart(one) == ["b0000000001", "b0000000002", "b0000000004"]
+    assert await cart(two) == ["b0000000001", "b0000000002"]
+    bad = await shop.execute(ToolCall(name="http_post", args={"path": "/checkout/cart/add/",
+                                                              "form": {"sku": "nope", "qty": 1}}))
+    assert bad.data["status"] == 400 and await cart(shop) == ["b0000000001", "b0000000003"]

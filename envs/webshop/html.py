@@ -83,6 +83,21 @@ def product_page(p: Product) -> str:
     return _page(p.name, body)
 
 
+def cart(rows: list[tuple[Any, int]]) -> str:
+    """``rows``: (product with .url, quantity)."""
+    e = html.escape
+    if not rows:
+        return _page("Shopping Cart", "<div class=\"cart-empty\">You have no items in your shopping cart.</div>")
+    items = "".join(
+        f"<tr class=\"item-info\"><td class=\"col item\"><a class=\"product-item-link\" href=\"{p.url}\">"
+        f"{e(p.name)}</a></td><td class=\"col price\"><span class=\"price\">{p.price}</span></td>"
+        f"<td class=\"col qty\"><input class=\"input-text qty\" value=\"{qty}\"></td></tr>" for p, qty in rows)
+    total = sum(p.price_cents * qty for p, qty in rows)
+    subtotal = f"${total // 100}.{total % 100:02d}"
+    return _page("Shopping Cart", f"<table id=\"shopping-cart-table\" class=\"cart items data table\">{items}"
+                                  f"</table><div class=\"cart-totals\"><span class=\"price\">{subtotal}</span></div>")
+
+
 def not_found(path: str) -> str:
     return _page("404 Not Found", f"<p>The page you requested was not found: {html.escape(path)}</p>")
 

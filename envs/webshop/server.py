@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import re
+import urllib.parse
 import socket
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..workers import WorkerApp
 from . import html as pages
 from .catalog import Catalog
 from .search import SearchIndex
+from .store import Store
 
 PAGE_SIZE = 12
 _PRODUCT = re.compile(r"^/[a-z0-9-]*-(b\d{10})\.html$")
@@ -31,8 +33,10 @@ def product_path(catalog: Catalog, index: int) -> str:
 
 
 class ShopServer(WorkerApp):
-    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770):
+    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770,
+                 db_path: str = "/var/lib/shop/shop.db"):
         self.catalog_size, self.catalog_seed, self.port = catalog_size, catalog_seed, port
+        self.db_path = db_path
 
     def setup(self, ctx: AppContext) -> None:
         self.catalog = Catalog(self.catalog_size, self.catalog_seed)
@@ -42,6 +46,25 @@ class ShopServer(WorkerApp):
                          dtype=np.int32)
         self.by_category = {pages.category_url(c): (c, np.flatnonzero(owner == k)) for k, c in enumerate(categories)}
         self.server = ctx.listen(self.port)
+        self.store = Store(self.db_path)
+        self.ctx = ctx
+
+    def before_fork(self, ctx: AppContext) -> None:
+        super().before_fork(ctx)
+        self.store.flush()
+
+    def after_fork(self, ctx: AppContext) -> None:
+        self.store.reopen()
+
+    def session(self, cookie_header: str | None) -> tuple[str, bool]:
+        """The request's session id, or a new one (drawn from the workspace's seeded stream: deterministic)."""
+        for part in (cookie_header or "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == "session" and value:
+                return value, False
+        session = f"{self.ctx.rng.getrandbits(64):016x}"
+        self.store.new_session(session)
+        return session, True
 
     def readers(self) -> dict[Any, Any]:
         return {self.server.sock: self._accept}
@@ -56,7 +79,7 @@ class ShopServer(WorkerApp):
             _Handler(conn, addr, self)
 
     # -- routes -----------------------------------------------------------------------------------------------
-    def route(self, raw_path: str) -> tuple[int, str]:
+    def route(self, raw_path: str, session: str = "") -> tuple[int, str]:
         path, query = pages.query_of(raw_path)
         if path in ("/", "/index.html"):
             return 200, pages.home(self.catalog.categories())
@@ -64,6 +87,8 @@ class ShopServer(WorkerApp):
             q = (query.get("q") or [""])[0]
             hits = self.index.search(q, limit=PAGE_SIZE) if q.strip() else []
             return 200, pages.search_results(q, [self._with_url(doc) for doc, _ in hits])
+        if path.rstrip("/") == "/checkout/cart":
+            return 200, pages.cart(self._cart_rows(session))
         if path in self.by_category:
             name, docs = self.by_category[path]
             return 200, pages.category(name, [self._with_url(int(d)) for d in docs[:PAGE_SIZE]])
@@ -74,10 +99,30 @@ class ShopServer(WorkerApp):
                 return 200, pages.product_page(self.catalog[doc])
         return 404, pages.not_found(path)
 
+    def post(self, raw_path: str, form: dict[str, list[str]], session: str) -> tuple[int, str, str | None]:
+        """(status, body, redirect location)."""
+        path, _ = pages.query_of(raw_path)
+        if path.rstrip("/") == "/checkout/cart/add":
+            sku = (form.get("sku") or [""])[0].lower()
+            match = _PRODUCT.match(f"/x-{sku}.html")
+            try:
+                qty = int((form.get("qty") or ["1"])[0])
+            except ValueError:
+                qty = 0
+            if not match or int(sku[4:]) >= len(self.catalog) or qty < 1:
+                return 400, pages.not_found(f"{path} (sku {sku!r}, qty {qty})"), None
+            self.store.add_to_cart(session, self.catalog[int(sku[4:])].sku, qty)
+            return 302, "", "/checkout/cart/"
+        return 404, pages.not_found(path), None
+
+    def _cart_rows(self, session: str) -> list[tuple[Any, int]]:
+        return [(self._with_url(int(sku[4:])), qty) for sku, qty in self.store.cart(session)]
+
     def _with_url(self, doc: int) -> Any:
         return _Linked(self.catalog[doc], product_path(self.catalog, doc))
 
     def close(self) -> None:
+        self.store.close()
         self.server.close()
         self.index.close()
         self.catalog.close()
@@ -101,14 +146,32 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().__init__(conn, addr, None)  # type: ignore[arg-type]
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server interface)
+        session, new = self.shop.session(self.headers.get("Cookie"))
         try:
-            status, body = self.shop.route(self.path)
+            status, body = self.shop.route(self.path, session)
         except Exception as exc:  # a bad request gets a 500 page; the server goes on
             status, body = 500, f"<html><body>internal error: {type(exc).__name__}</body></html>"
+        self._answer(status, body, session if new else None, None)
+
+    def do_POST(self) -> None:  # noqa: N802
+        session, new = self.shop.session(self.headers.get("Cookie"))
+        length = int(self.headers.get("Content-Length") or 0)
+        form = urllib.parse.parse_qs(self.rfile.read(min(length, 1 << 20)).decode(errors="replace"))
+        try:
+            status, body, location = self.shop.post(self.path, form, session)
+        except Exception as exc:
+            status, body, location = 500, f"<html><body>internal error: {type(exc).__name__}</body></html>", None
+        self._answer(status, body, session if new else None, location)
+
+    def _answer(self, status: int, body: str, new_session: str | None, location: str | None) -> None:
         data = body.encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        if new_session:
+            self.send_header("Set-Cookie", f"session={new_session}; Path=/")
+        if location:
+            self.send_header("Location", location)
         self.end_headers()
         self.wfile.write(data)
 
