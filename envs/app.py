@@ -126,6 +126,11 @@ class AppContext:
         if np_random is not None:
             np_random.seed(seed % (1 << 32))
 
+    def flush_files(self) -> None:
+        for f in self.files:
+            if not f.file.closed:
+                f.file.flush()
+
     def rebind_after_fork(self) -> None:
         for f in self.files:
             f.reopen()
@@ -159,9 +164,7 @@ class WorkspaceApp:
 
     def before_fork(self, ctx: AppContext) -> None:
         """Quiesce: flush buffered writes so the file snapshot taken next is consistent with memory."""
-        for f in ctx.files:
-            if not f.file.closed:
-                f.file.flush()
+        ctx.flush_files()
 
     def after_fork(self, ctx: AppContext) -> None:
         """Runs in the clone after the runtime re-opened files, re-created sockets and reseeded random state."""

@@ -79,9 +79,7 @@ class WorkerApp:
         return {}
 
     def before_fork(self, ctx: AppContext) -> None:
-        for f in ctx.files:
-            if not f.file.closed:
-                f.file.flush()
+        ctx.flush_files()
 
     def after_fork(self, ctx: AppContext) -> None:
         pass

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from .webarena import TaskFileError
+from .webarena import TaskFileError, decode_task_file
 
 SETUP_TYPES = frozenset({"execute", "command", "sleep", "open", "launch"})
 GETTER_TYPES = frozenset({"vm_command_line", "vm_terminal_output", "vm_file", "rule", "list_directory"})
@@ -59,17 +59,7 @@ _decoder = msgspec.json.Decoder(OSWorldTask)
 
 
 def load_task(path: str | Path) -> OSWorldTask:
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TaskFileError(path, f"cannot read: {exc.strerror}") from exc
-    try:
-        task = _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise TaskFileError(path, str(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise TaskFileError(path, f"not JSON: {exc}") from exc
+    task = decode_task_file(path, _decoder)
     check_supported(task, path)
     return task
 

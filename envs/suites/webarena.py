@@ -68,19 +68,25 @@ class WebArenaTask(msgspec.Struct, frozen=True, kw_only=True):
 _decoder = msgspec.json.Decoder(WebArenaTask)
 
 
-def load_task(path: str | Path) -> WebArenaTask:
-    """Read and check one task file; raise TaskFileError naming the file and what is wrong or missing."""
+def decode_task_file(path: str | Path, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """Read and decode one task file; every failure is a TaskFileError naming the file (and, from msgspec, the
+    field: "Object missing required field `intent`", "Expected `int`, got `str` - at `$.task_id`")."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise TaskFileError(path, f"cannot read: {exc.strerror}") from exc
     try:
-        task = _decoder.decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise TaskFileError(path, str(exc)) from exc
     except msgspec.DecodeError as exc:
         raise TaskFileError(path, f"not JSON: {exc}") from exc
+
+
+def load_task(path: str | Path) -> WebArenaTask:
+    """Read and check one task file; raise TaskFileError naming the file and what is wrong or missing."""
+    task = decode_task_file(path, _decoder)
     check_supported(task, path)
     return task
 
