@@ -26,7 +26,14 @@ def heap_app(size: int = 16 << 20) -> AppSpec:
     return AppSpec(target=HEAP_APP, kwargs={"size_bytes": size})
 
 
+# Every process this test session starts inherits this marker, so the leak check sees only our own processes and
+# two test sessions (say, two checkouts) can run on one machine at once.
+SESSION_MARKER = f"BUNSHIN_TEST_SESSION={os.getpid()}-{time.time_ns()}"
+os.environ["BUNSHIN_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
+
+
 def host_processes() -> list[int]:
+    """Workspace hosts and nurseries started by this test session (matched by program and session marker)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -36,7 +43,12 @@ def host_processes() -> list[int]:
         except OSError:
             continue
         if b"bunshin.envs.host" in cmd or b"bunshin.envs.nursery" in cmd:
-            pids.append(int(entry.name))
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if SESSION_MARKER.encode() in environ:
+                pids.append(int(entry.name))
     return pids
 
 
