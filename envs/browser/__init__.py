@@ -1,0 +1,1 @@
+"""A text browser for the embedded web shop: pages, tabs, history, forms, accessibility tree, screenshots."""

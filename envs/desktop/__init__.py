@@ -1,0 +1,1 @@
+"""The embedded desktop (OSWorld stand-in): home directory, terminal, editor, spreadsheet, tasks."""

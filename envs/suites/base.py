@@ -1,0 +1,76 @@
+"""The contract every embedded task suite implements, and what the engine, ``bunshin suite check`` and
+``bunshin bench sharing`` rely on.
+
+Owns: ``SuiteTask`` (one task: the benchmark's own file decoded, plus its reference action sequence) and ``Suite``
+(which application a task's workspace runs, the task's setup, parsing the benchmark's action language into tool
+calls, recognising the final action, and scoring).
+Must never: score a task it cannot evaluate; a malformed action is the agent's mistake, reported in an
+observation (``ActionError`` from ``parse_action``, ``ToolError`` inside the workspace), never a crash.
+
+A rollout on a suite is::
+
+    ws = await runtime.create(suite.app(task))          # one per group; samples fork it
+    first = await suite.start(ws, task)                  # setup steps, then the first observation
+    while not suite.is_final(call := policy(...)):       # tool calls in the suite's action language
+        observation = await ws.execute(call)
+    score = await suite.evaluate(ws, task, call)         # the final call carries the answer (or FAIL)
+"""
+
+from __future__ import annotations
+
+import abc
+import msgspec
+
+from ..records import AppSpec, Observation, ToolCall
+from ..workspace import Workspace
+
+
+class ActionError(ValueError):
+    """An action in the suite's language that cannot be parsed: names the action and what is wrong."""
+
+
+class SuiteTask(msgspec.Struct, frozen=True, kw_only=True):
+    suite: str
+    id: str
+    template: str  # which template the task was made from (tests cover every template)
+    instruction: str
+    path: str  # the task file, in the benchmark's own format
+    reference: list[ToolCall]  # the reference solution, ending with the final action
+    give_up: bool = False  # the correct answer is to give up (OSWorld's infeasible tasks)
+
+
+class Suite(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def tasks(self) -> list[SuiteTask]:
+        """Every task of the suite, loaded from its task files through the benchmark's loader."""
+
+    @abc.abstractmethod
+    def app(self, task: SuiteTask | None = None) -> AppSpec:
+        """The application a workspace for ``task`` runs (its heavy, shared state is built here)."""
+
+    @abc.abstractmethod
+    async def start(self, ws: Workspace, task: SuiteTask) -> Observation:
+        """Run the task's setup in ``ws`` and return the first observation."""
+
+    @abc.abstractmethod
+    def parse_action(self, text: str) -> ToolCall:
+        """The benchmark's action text (``click [12]``, ``DONE``) as a tool call; ``ActionError`` if malformed."""
+
+    @abc.abstractmethod
+    def is_final(self, call: ToolCall) -> bool:
+        """Whether ``call`` ends the episode (``stop [...]``; ``DONE``/``FAIL``)."""
+
+    @abc.abstractmethod
+    def null_action(self) -> ToolCall:
+        """Giving up at once with an empty answer (what ``suite check``'s null attempt does)."""
+
+    @abc.abstractmethod
+    async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
+        """Score the episode that ended with ``final``, reading the workspace's state (0.0 .. 1.0)."""
+
+
+def observation_text(obs: Observation) -> str:
+    """What a text policy reads from an observation: the error if there is one, else the output."""
+    return f"ERROR: {obs.error}\n{obs.output}" if obs.error else obs.output
