@@ -63,6 +63,11 @@ class WebArenaTask(msgspec.Struct, frozen=True, kw_only=True):
     instantiation_dict: dict[str, Any] = {}
     require_login: bool = False
     require_reset: bool = False
+    # Ours, ignored by WebArena's own harness: the template's name and the reference action sequence, in
+    # WebArena's action language; an element may be named by role and name, ``click [@button 'Add to Cart']``,
+    # and is resolved to its id on the page at the time (ids are per page state, a task file cannot know them).
+    bunshin_template: str = ""
+    bunshin_reference: list[str] = []
 
 
 _decoder = msgspec.json.Decoder(WebArenaTask)
@@ -119,6 +124,18 @@ def check_supported(task: WebArenaTask, path: str | Path) -> None:
         raise TaskFileError(path, f"eval.url_note {task.eval.url_note!r} is not supported (only 'GOLD in PRED')")
     if "program_html" in task.eval.eval_types and not task.eval.program_html:
         raise TaskFileError(path, "eval.program_html is required by the program_html evaluator")
+    for i, target in enumerate(task.eval.program_html if "program_html" in task.eval.eval_types else []):
+        if parse_target_url(target.url) is None:
+            raise TaskFileError(path, f"eval.program_html[{i}].url {target.url!r} is not supported (known: 'last', "
+                                      f"a __SHOPPING__ URL, {sorted(URL_FUNCS)})")
+        if parse_locator(target.locator) is None:
+            raise TaskFileError(path, f"eval.program_html[{i}].locator {target.locator!r} is not supported (known: "
+                                      f"'', document.querySelector('CSS').outerText|innerText|textContent, "
+                                      f"func:shopping_get_sku_latest_review_rating|author('SKU'))")
+        kinds = set(target.required_contents)
+        if len(kinds) != 1 or not kinds <= {"exact_match", "must_include"}:
+            raise TaskFileError(path, f"eval.program_html[{i}].required_contents must have exactly one of "
+                                      f"exact_match, must_include; got {sorted(kinds)}")
 
 
 # -- string_match ---------------------------------------------------------------------------------------------------
@@ -216,3 +233,78 @@ def url_match(reference_url: str, page_url: str) -> float:
 def expand_url(url: str, shopping_base: str) -> str:
     """Replace WebArena's site placeholders with the embedded suite's addresses."""
     return url.replace("__SHOPPING__", shopping_base.rstrip("/"))
+
+
+# -- program_html ---------------------------------------------------------------------------------------------------
+
+LATEST_ORDER = "func:shopping_get_latest_order_url()"
+URL_FUNCS = frozenset({LATEST_ORDER})
+_QUERY = re.compile(r"""^document\.querySelector\((['"])(.+?)\1\)\.(outerText|innerText|textContent)$""")
+_REVIEW_FUNC = re.compile(r"""^func:shopping_get_sku_latest_review_(rating|author)\((['"])(\w+)\2\)$""")
+
+
+class Locator(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # "page" | "selector" | "review_rating" | "review_author"
+    selector: str = ""
+    sku: str = ""
+
+
+def parse_locator(text: str) -> Locator | None:
+    text = text.strip()
+    if not text:
+        return Locator(kind="page")
+    if match := _QUERY.match(text):
+        return Locator(kind="selector", selector=match.group(2))
+    if match := _REVIEW_FUNC.match(text):
+        return Locator(kind=f"review_{match.group(1)}", sku=match.group(3))
+    return None
+
+
+def parse_target_url(text: str) -> str | None:
+    """'last', the latest-order function, or a URL (placeholders not yet expanded); None if unsupported."""
+    text = text.strip()
+    if text == "last" or text in URL_FUNCS:
+        return text
+    if text.startswith(("__SHOPPING__", "http://", "https://")):
+        return text
+    return None
+
+
+PageReader = Callable[[str | None, str], str]
+"""(absolute URL, or None for the current page as it is; CSS selector or "" for the whole page) -> its text."""
+JsonReader = Callable[[str], Any]
+"""(path on the shop, such as ``/rest/V1/orders/latest``) -> the decoded JSON answer."""
+
+
+def program_html(targets: list[ProgramHtml], shopping_base: str, read_page: PageReader,
+                 read_json: JsonReader) -> float:
+    """WebArena's HTMLContentEvaluator: for each target, go to its URL (or stay on the last page), select the
+    locator's text, and require its contents; the score is the product. One deviation, stated: an empty locator
+    selects the page's text where WebArena takes its HTML source (same answers for text; no markup to match)."""
+    score = 1.0
+    for target in targets:
+        url = parse_target_url(target.url)
+        locator = parse_locator(target.locator)
+        if url is None or locator is None:
+            raise ValueError(f"unsupported program_html target {target}")  # load_task refuses these first
+        if url == LATEST_ORDER:
+            order_id = read_json("/rest/V1/orders/latest").get("order_id")
+            url = f"{shopping_base.rstrip('/')}/sales/order/view/order_id/{order_id}/"
+        page_url = None if url == "last" else expand_url(url, shopping_base)
+        if locator.kind in ("page", "selector"):
+            selected = read_page(page_url, locator.selector)
+        else:
+            reviews = read_json(f"/rest/V1/products/{locator.sku}/reviews")
+            if not reviews:
+                selected = ""
+            elif locator.kind == "review_rating":
+                selected = str(reviews[-1]["ratings"][0]["percent"])
+            else:
+                selected = str(reviews[-1]["nickname"])
+        required = target.required_contents
+        if "exact_match" in required:
+            score *= exact_match(str(required["exact_match"]), selected)
+        else:
+            for content in required["must_include"]:
+                score *= float(any(must_include(alt, selected) for alt in str(content).split(OR)))
+    return score

@@ -11,7 +11,9 @@ from __future__ import annotations
 import random
 
 import msgspec
+import numpy as np
 
+from ..app import HugeHeap
 from .packed import PackedRecords
 
 CATEGORIES: dict[str, list[str]] = {
@@ -153,3 +155,31 @@ class Catalog:
 
     def close(self) -> None:
         self.products.close()
+
+
+class Thumbnails:
+    """Every product's image (``px`` x ``px`` RGB), decoded and kept in memory as a shop's image cache does; in a
+    huge-page heap, so forks share them. Deterministic per (size, seed): coarse colour blocks, scaled up."""
+
+    def __init__(self, size: int, seed: int, px: int):
+        self.size, self.px = size, px
+        self.heap = HugeHeap(max(size * px * px * 3, 1))
+        self.images = np.frombuffer(self.heap.map, dtype=np.uint8, count=size * px * px * 3).reshape(size, px, px, 3)
+        rng = np.random.default_rng(seed)
+        block = max(px // 4, 1)
+        for start in range(0, size, 4096):  # in chunks: the scaled-up copy is never made for all at once
+            n = min(4096, size - start)
+            coarse = rng.integers(0, 256, size=(n, -(-px // block), -(-px // block), 3), dtype=np.uint8)
+            fine = coarse.repeat(block, axis=1).repeat(block, axis=2)
+            self.images[start:start + n] = fine[:, :px, :px]
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.images[index]
+
+    @property
+    def nbytes(self) -> int:
+        return self.heap.size
+
+    def close(self) -> None:
+        del self.images
+        self.heap.close()

@@ -1,30 +1,43 @@
 """The shop's HTTP server: a worker process of the workspace serving the catalog on its loopback.
 
-Owns: routing (Magento-shaped URLs: ``/``, ``/catalogsearch/result/?q=``, ``/<category>.html``,
-``/<product>-<sku>.html``) and answering one HTTP/1.0 request per connection. The catalog and index live here, in
-packed form; reading them copies nothing in a fork. Carts, checkout and accounts come next (SQLite per workspace).
+Owns: routing (Magento-shaped URLs: ``/``, ``/catalogsearch/result/?q=&p=``, ``/<category>.html`` with sorting
+and pages, ``/<product>-<sku>.html``, the cart, ``/checkout/`` with an address form, order success, account, order
+history and order pages, review posting, product images, and the two REST routes WebArena's evaluators read) and
+answering one HTTP/1.0 request per connection. The catalog, index and images live here, packed in huge-page heaps;
+reading them copies nothing in a fork. Carts, orders and reviews are in SQLite (``store.py``).
 Must never: let one bad request stop the server.
 """
 
 from __future__ import annotations
 
 import http.server
+import io
+import json
+import random
 import re
-import urllib.parse
 import socket
+import urllib.parse
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from ..app import AppContext
 from ..workers import WorkerApp
 from . import html as pages
-from .catalog import Catalog
+from .catalog import Catalog, Thumbnails
 from .search import SearchIndex
-from .store import Store
+from .store import ADDRESS_FIELDS, Address, OrderItem, Store
 
 PAGE_SIZE = 12
+MAX_PAGES = 20  # listings and search results stop after 240 items, as a shop's toolbar does
+HTML, JSON = "text/html; charset=utf-8", "application/json"
+_SKU = re.compile(r"^b\d{10}$")
 _PRODUCT = re.compile(r"^/[a-z0-9-]*-(b\d{10})\.html$")
+_ORDER = re.compile(r"^/sales/order/view/order_id/(\d+)/?$")
+_IMAGE = re.compile(r"^/media/catalog/product/(b\d{10})\.png$")
+_REVIEWS_API = re.compile(r"^/rest/V1/products/(b\d{10})/reviews/?$", re.I)
+_REVIEW_POST = re.compile(r"^/review/product/post/id/(b\d{10})/$")
 
 
 def product_path(catalog: Catalog, index: int) -> str:
@@ -34,20 +47,28 @@ def product_path(catalog: Catalog, index: int) -> str:
 
 class ShopServer(WorkerApp):
     def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770,
-                 db_path: str = "/var/lib/shop/shop.db"):
+                 db_path: str = "/var/lib/shop/shop.db", image_px: int = 48):
         self.catalog_size, self.catalog_seed, self.port = catalog_size, catalog_seed, port
-        self.db_path = db_path
+        self.db_path, self.image_px = db_path, image_px
 
     def setup(self, ctx: AppContext) -> None:
         self.catalog = Catalog(self.catalog_size, self.catalog_seed)
         self.index = SearchIndex(self.catalog)
+        self.images = Thumbnails(self.catalog_size, self.catalog_seed, self.image_px)
         categories = self.catalog.categories()
         owner = np.array([categories.index(self.catalog[i].category) for i in range(len(self.catalog))],
                          dtype=np.int32)
+        self.prices = np.array([self.catalog[i].price_cents for i in range(len(self.catalog))], dtype=np.int64)
+        self.ratings = np.array([self.catalog[i].rating for i in range(len(self.catalog))], dtype=np.float64)
         self.by_category = {pages.category_url(c): (c, np.flatnonzero(owner == k)) for k, c in enumerate(categories)}
         self.server = ctx.listen(self.port)
-        self.store = Store(self.db_path)
+        self.store = Store(self.db_path, seed_orders=self._past_order, seed=self.catalog_seed)
         self.ctx = ctx
+
+    def _past_order(self, rng: random.Random) -> list[OrderItem]:
+        docs = rng.sample(range(len(self.catalog)), k=min(rng.randint(1, 3), len(self.catalog)))
+        return [OrderItem(sku=self.catalog[d].sku, name=self.catalog[d].name,
+                          price_cents=self.catalog[d].price_cents, qty=rng.randint(1, 2)) for d in docs]
 
     def before_fork(self, ctx: AppContext) -> None:
         super().before_fork(ctx)
@@ -78,45 +99,130 @@ class ShopServer(WorkerApp):
             conn.settimeout(5)
             _Handler(conn, addr, self)
 
-    # -- routes -----------------------------------------------------------------------------------------------
-    def route(self, raw_path: str, session: str = "") -> tuple[int, str]:
+    # -- GET ------------------------------------------------------------------------------------------------------
+    def route(self, raw_path: str, session: str = "") -> tuple[int, str, str | bytes]:
+        """(status, content type, body)."""
         path, query = pages.query_of(raw_path)
+        arg = lambda name, default="": (query.get(name) or [default])[0]  # noqa: E731
+        page = _page_number(arg("p", "1"))
         if path in ("/", "/index.html"):
-            return 200, pages.home(self.catalog.categories())
+            return 200, HTML, pages.home(self.catalog.categories())
         if path.rstrip("/") == "/catalogsearch/result":
-            q = (query.get("q") or [""])[0]
-            hits = self.index.search(q, limit=PAGE_SIZE) if q.strip() else []
-            return 200, pages.search_results(q, [self._with_url(doc) for doc, _ in hits])
-        if path.rstrip("/") == "/checkout/cart":
-            return 200, pages.cart(self._cart_rows(session))
+            q = arg("q")
+            hits = [doc for doc, _ in self.index.search(q, limit=PAGE_SIZE * MAX_PAGES)] if q.strip() else []
+            shown, pages_total = _slice(hits, page)
+            return 200, HTML, pages.search_results(q, [self._with_url(d) for d in shown], len(hits), page,
+                                                   pages_total)
         if path in self.by_category:
-            name, docs = self.by_category[path]
-            return 200, pages.category(name, [self._with_url(int(d)) for d in docs[:PAGE_SIZE]])
-        match = _PRODUCT.match(path)
-        if match:
-            doc = int(match.group(1)[4:])
-            if doc < len(self.catalog) and self.catalog[doc].sku.lower() == match.group(1):
-                return 200, pages.product_page(self.catalog[doc])
-        return 404, pages.not_found(path)
+            return 200, HTML, self._category(path, arg("product_list_order", "position"),
+                                             arg("product_list_dir", "asc"), page)
+        if path.rstrip("/") == "/checkout/cart":
+            return 200, HTML, pages.cart(self._cart_rows(session))
+        if path.rstrip("/") == "/checkout":
+            return 200, HTML, pages.checkout(self._cart_rows(session), {}, [])
+        if path.rstrip("/") == "/checkout/onepage/success":
+            order_id = _int(arg("order"))
+            if order_id is not None and self.store.order(order_id) is not None:
+                return 200, HTML, pages.order_success(order_id)
+        if path.rstrip("/") == "/customer/account":
+            return 200, HTML, pages.account(self.store.orders())
+        if path.rstrip("/") == "/sales/order/history":
+            return 200, HTML, pages.order_history(self.store.orders())
+        if match := _ORDER.match(path):
+            order = self.store.order(int(match.group(1)))
+            if order is not None:
+                return 200, HTML, pages.order_view(order)
+        if match := _IMAGE.match(path):
+            doc = self._doc(match.group(1))
+            if doc is not None:
+                return 200, "image/png", _png(self.images[doc])
+        if match := _REVIEWS_API.match(path):  # Magento's REST route that WebArena's evaluators read
+            doc = self._doc(match.group(1))
+            if doc is not None:
+                return 200, JSON, json.dumps([  # Magento's shape: oldest first, ratings in percent
+                    {"id": r.id, "nickname": r.nickname, "title": r.title, "detail": r.detail, "created_at": r.created,
+                     "ratings": [{"rating_name": "Rating", "percent": r.rating * 20, "value": r.rating}]}
+                    for r in reversed(self.store.reviews(self.catalog[doc].sku))])
+        if path == "/rest/V1/orders/latest":
+            return 200, JSON, json.dumps({"order_id": self.store.latest_order_id()})
+        if match := _PRODUCT.match(path):
+            doc = self._doc(match.group(1))
+            if doc is not None:
+                return 200, HTML, self._product(doc)
+        return 404, HTML, pages.not_found(path)
 
+    def _category(self, url: str, order: str, direction: str, page: int) -> str:
+        name, docs = self.by_category[url]
+        order = order if order in pages.SORT_KEYS else "position"
+        direction = "desc" if direction == "desc" else "asc"
+        if order == "price":
+            keys = self.prices[docs]
+        elif order == "rating":
+            keys = self.ratings[docs]
+        elif order == "name":
+            keys = np.argsort(np.argsort([self.catalog[int(d)].name for d in docs], kind="stable"))
+        else:
+            keys = np.arange(len(docs))
+        ranked = docs[np.lexsort((docs if direction == "asc" else -docs, keys if direction == "asc" else -keys))]
+        shown, pages_total = _slice(ranked.tolist(), page)
+        return pages.category(name, url, [self._with_url(int(d)) for d in shown], len(docs), page, pages_total,
+                              order, direction)
+
+    def _product(self, doc: int, message: str = "") -> str:
+        p = self.catalog[doc]
+        return pages.product_page(p, self.store.reviews(p.sku), f"/media/catalog/product/{p.sku.lower()}.png",
+                                  message)
+
+    def _doc(self, sku: str) -> int | None:
+        """The catalog index of a SKU (``b000001234``, any case), or None."""
+        sku = sku.lower()
+        if not _SKU.match(sku):
+            return None
+        doc = int(sku[4:])
+        return doc if doc < len(self.catalog) and self.catalog[doc].sku.lower() == sku else None
+
+    # -- POST -----------------------------------------------------------------------------------------------------
     def post(self, raw_path: str, form: dict[str, list[str]], session: str) -> tuple[int, str, str | None]:
         """(status, body, redirect location)."""
         path, _ = pages.query_of(raw_path)
-        if path.rstrip("/") == "/checkout/cart/add":
-            sku = (form.get("sku") or [""])[0].lower()
-            match = _PRODUCT.match(f"/x-{sku}.html")
-            try:
-                qty = int((form.get("qty") or ["1"])[0])
-            except ValueError:
-                qty = 0
-            if not match or int(sku[4:]) >= len(self.catalog) or qty < 1:
-                return 400, pages.not_found(f"{path} (sku {sku!r}, qty {qty})"), None
-            self.store.add_to_cart(session, self.catalog[int(sku[4:])].sku, qty)
+        field = lambda name: (form.get(name) or [""])[0].strip()  # noqa: E731
+        path = path.rstrip("/")
+        if path == "/checkout/cart/add":
+            doc, qty = self._doc(field("sku")), _int(field("qty") or "1")
+            if doc is None or qty is None or not 1 <= qty <= 99:
+                return 400, pages.bad_request(f"cannot add sku {field('sku')!r} with quantity {field('qty')!r}"), None
+            self.store.add_to_cart(session, self.catalog[doc].sku, qty)
             return 302, "", "/checkout/cart/"
+        if path == "/checkout/cart/delete":
+            doc = self._doc(field("sku"))
+            if doc is None or not self.store.remove_from_cart(session, self.catalog[doc].sku):
+                return 400, pages.bad_request(f"sku {field('sku')!r} is not in the cart"), None
+            return 302, "", "/checkout/cart/"
+        if path == "/checkout/placeorder":
+            rows = self._cart_rows(session)
+            values = {f: field(f) for f in ADDRESS_FIELDS}
+            missing = [f for f, v in values.items() if not v]
+            if not rows or missing:
+                return 200, pages.checkout(rows, values, missing), None
+            items = [OrderItem(sku=p.sku, name=p.name, price_cents=p.price_cents, qty=q) for p, q in rows]
+            order_id = self.store.place_order(session, Address(**values), items)
+            return 302, "", f"/checkout/onepage/success/?order={order_id}"
+        if match := _REVIEW_POST.match(path + "/"):
+            doc = self._doc(match.group(1))
+            rating = _int(field("rating"))
+            if doc is None:
+                return 404, pages.not_found(path), None
+            if rating is None or not 1 <= rating <= 5 or not field("nickname") or not field("title") \
+                    or not field("detail"):
+                return 200, self._product(doc, "Please enter a rating from 1 to 5, a nickname, a summary and a "
+                                               "review."), None
+            self.store.add_review(self.catalog[doc].sku, field("nickname"), field("title"), field("detail"), rating)
+            return 302, "", product_path(self.catalog, doc)
         return 404, pages.not_found(path), None
 
     def _cart_rows(self, session: str) -> list[tuple[Any, int]]:
-        return [(self._with_url(int(sku[4:])), qty) for sku, qty in self.store.cart(session)]
+        rows = [(self._doc(sku), qty) for sku, qty in self.store.cart(session)]
+        return [(self._with_url(doc), qty) for doc, qty in rows if doc is not None]
 
     def _with_url(self, doc: int) -> Any:
         return _Linked(self.catalog[doc], product_path(self.catalog, doc))
@@ -124,8 +230,32 @@ class ShopServer(WorkerApp):
     def close(self) -> None:
         self.store.close()
         self.server.close()
+        self.images.close()
         self.index.close()
         self.catalog.close()
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _page_number(text: str) -> int:
+    n = _int(text)
+    return n if n is not None and 1 <= n <= MAX_PAGES else 1
+
+
+def _slice(docs: list[int], page: int) -> tuple[list[int], int]:
+    pages_total = max(1, -(-min(len(docs), PAGE_SIZE * MAX_PAGES) // PAGE_SIZE))
+    return docs[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], pages_total
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 class _Linked:
@@ -148,10 +278,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (the http.server interface)
         session, new = self.shop.session(self.headers.get("Cookie"))
         try:
-            status, body = self.shop.route(self.path, session)
+            status, ctype, body = self.shop.route(self.path, session)
         except Exception as exc:  # a bad request gets a 500 page; the server goes on
-            status, body = 500, f"<html><body>internal error: {type(exc).__name__}</body></html>"
-        self._answer(status, body, session if new else None, None)
+            status, ctype, body = 500, HTML, f"<html><body>internal error: {type(exc).__name__}</body></html>"
+        self._answer(status, body, session if new else None, None, ctype)
 
     def do_POST(self) -> None:  # noqa: N802
         session, new = self.shop.session(self.headers.get("Cookie"))
@@ -163,10 +293,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, body, location = 500, f"<html><body>internal error: {type(exc).__name__}</body></html>", None
         self._answer(status, body, session if new else None, location)
 
-    def _answer(self, status: int, body: str, new_session: str | None, location: str | None) -> None:
-        data = body.encode()
+    def _answer(self, status: int, body: str | bytes, new_session: str | None, location: str | None,
+                ctype: str = HTML) -> None:
+        data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         if new_session:
             self.send_header("Set-Cookie", f"session={new_session}; Path=/")
