@@ -1,4 +1,4 @@
-"""The ``bunshin`` command line: ``doctor``, ``demo``, ``bench fork``.
+"""The ``bunshin`` command line: ``doctor``, ``demo``, ``suite check``, ``bench fork``, ``bench sharing``.
 
 Owns: parsing arguments and dispatching; every command's work lives in its own module.
 """
@@ -41,6 +41,41 @@ def _backends(text: str) -> list[str]:
     return names
 
 
+def _knob(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    for parse in (int, float):
+        try:
+            return name, parse(value)
+        except ValueError:
+            pass
+    return name, {"true": True, "false": False}.get(value.lower(), value)
+
+
+def _suite_arguments(parser: argparse.ArgumentParser) -> None:
+    from bunshin.envs.suites.registry import SUITES
+
+    parser.add_argument("--suite", choices=sorted(SUITES), required=True)
+    parser.add_argument("--catalog-size", type=int, help="web shop: products in the catalog (default 20000)")
+    parser.add_argument("--set", type=_knob, action="append", default=[], metavar="KNOB=VALUE",
+                        help="another keyword argument of the suite (e.g. image_px=48, cache_mb=120)")
+
+
+def make_suite(args: argparse.Namespace) -> object:
+    from bunshin.envs.suites.registry import get_suite
+
+    knobs = dict(args.set)
+    if args.catalog_size is not None:
+        if args.suite != "webshop":
+            raise SystemExit("--catalog-size is a web shop knob")
+        knobs["catalog_size"] = args.catalog_size
+    try:
+        return get_suite(args.suite, **knobs)
+    except TypeError as exc:
+        raise SystemExit(f"bad knob for suite {args.suite}: {exc}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bunshin", description="BunshinRL: rollouts on live forks of workspaces")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--clones", type=int, default=4)
     demo.add_argument("--backend", choices=BACKENDS, default="cow")
 
+    suite = sub.add_parser("suite", help="the embedded task suites")
+    suite_sub = suite.add_subparsers(dest="suite_command", required=True)
+    check = suite_sub.add_parser("check", help="run every task's reference solution and a null attempt")
+    _suite_arguments(check)
+    check.add_argument("--json", type=Path, help="write the report as JSON here")
+    check.add_argument("--limit", type=int, help="only the first N tasks")
+    check.add_argument("--concurrency", type=int, default=2)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     fork = bench_sub.add_parser("fork", help="freeze window, fork-to-ready and clone memory by size and backend")
@@ -61,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--forks", type=int, default=10, help="forks per backend and size")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
+    sharing = bench_sub.add_parser("sharing", help="identical and shared memory of two samples of one group, per step")
+    _suite_arguments(sharing)
+    sharing.add_argument("--steps", type=int, default=10)
+    sharing.add_argument("--template", help="which template's tasks the samples play (default: longest)")
+    sharing.add_argument("--json", type=Path, help="write results as JSON here")
+    sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
     return parser
 
 
@@ -87,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import fork as bench_fork
 
         return loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot)) and 0
+    if args.command == "bench" and args.bench == "sharing":
+        from .bench import sharing as bench_sharing
+
+        return loop.run(bench_sharing.main(make_suite(args), args.steps, args.template, args.json, args.plot))
+    if args.command == "suite" and args.suite_command == "check":
+        from .bench.report import write_json
+        from .suite_check import check as check_suite
+
+        report = loop.run(check_suite(make_suite(args), limit=args.limit, concurrency=args.concurrency))
+        print(json.dumps({k: v for k, v in report.items() if k != "failures"}))
+        for failure in report["failures"]:
+            print(f"FAILED task {failure['task']} ({failure['template']}) {failure['attempt']}: {failure['reason']}")
+        if args.json:
+            write_json(args.json, report)
+        return 0 if report["oracle_pass"] == report["tasks"] and not report["failures"] else 1
     return 2
 
 

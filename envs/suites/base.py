@@ -12,13 +12,15 @@ A rollout on a suite is::
     ws = await runtime.create(suite.app(task))          # one per group; samples fork it
     first = await suite.start(ws, task)                  # setup steps, then the first observation
     while not suite.is_final(call := policy(...)):       # tool calls in the suite's action language
-        observation = await ws.execute(call)
+        observation = await ws.execute(call)             # (a reference step: suite.concrete(ws, step) first)
     score = await suite.evaluate(ws, task, call)         # the final call carries the answer (or FAIL)
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import AsyncIterator
+from typing import Any
 import msgspec
 
 from ..records import AppSpec, Observation, ToolCall
@@ -27,6 +29,11 @@ from ..workspace import Workspace
 
 class ActionError(ValueError):
     """An action in the suite's language that cannot be parsed: names the action and what is wrong."""
+
+
+class SuiteStepFailed(RuntimeError):
+    """A step the suite itself takes (setup, resolving a reference, reading state for scoring) failed: a broken
+    task or workspace, not the agent's mistake."""
 
 
 class SuiteTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +73,12 @@ class Suite(abc.ABC):
     def null_action(self) -> ToolCall:
         """Giving up at once with an empty answer (what ``suite check``'s null attempt does)."""
 
+    async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
+        """A reference step as the workspace takes it. A reference may name a page element by role and name
+        (ids belong to a page state, a task file cannot know them); the suite resolves it against the workspace's
+        current page. Default: the call unchanged."""
+        return call
+
     @abc.abstractmethod
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         """Score the episode that ended with ``final``, reading the workspace's state (0.0 .. 1.0)."""
@@ -74,3 +87,22 @@ class Suite(abc.ABC):
 def observation_text(obs: Observation) -> str:
     """What a text policy reads from an observation: the error if there is one, else the output."""
     return f"ERROR: {obs.error}\n{obs.output}" if obs.error else obs.output
+
+
+async def checked(ws: Workspace, tool: str, args: dict[str, Any]) -> Observation:
+    """Run one of a suite's own (hidden) tools; its failure is a ``SuiteStepFailed``, not an observation."""
+    obs = await ws.execute(ToolCall(name=tool, args=args))
+    if obs.error:
+        raise SuiteStepFailed(f"{tool} {msgspec.json.encode(args).decode()}: {obs.error}")
+    return obs
+
+
+async def play(suite: Suite, ws: Workspace, task: SuiteTask, calls: list[ToolCall]) -> AsyncIterator[
+        tuple[ToolCall, Observation]]:
+    """Run ``calls`` (reference steps, up to the final one, which is not executed) in ``ws``; yields each concrete
+    call and its observation. A step the agent got wrong is an observation with ``error``; playing goes on."""
+    for call in calls:
+        if suite.is_final(call):
+            return
+        concrete = await suite.concrete(ws, call)
+        yield concrete, await ws.execute(concrete)

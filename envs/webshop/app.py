@@ -1,53 +1,102 @@
-"""The shop as a workspace application (first slice): the HTTP shop runs in a worker process (``ShopServer``),
-and the host reaches it over the workspace's loopback, as the text browser will. Carts, orders and reviews in
-SQLite, the browser with its accessibility tree and screenshots, and the tasks come next (issue 3).
+"""The web shop as a workspace application: the shop's HTTP server runs in a worker process (``ShopServer``), the
+text browser (``bunshin.envs.browser``) in the host, and every action of WebArena's language is a tool.
+
+Owns: the tools an agent has (one per WebArena verb; each answers with the page's accessibility tree and a
+screenshot), the hidden tools the suite uses to set a task up and to evaluate it (``_start``, ``_element``,
+``_page_text``, ``_shop_json``, ``_url``), and re-homing the browser after a fork (its cookie jar and pages are
+plain memory and fork with the host; its connections are made per request, so nothing needs re-opening).
+Must never: let a malformed action or an unreachable page end the workspace: those are ``ToolError``s.
 """
 
 from __future__ import annotations
 
 import http.client
-import urllib.parse
+import json
+import re
 from typing import Any
 
 from ..app import AppContext, Tool, ToolError, WorkspaceApp
-from ..records import Observation
+from ..browser.actions import VERBS, validate_call
+from ..browser.browser import Browser, BrowserError
+from ..records import Observation, ToolCall
+from ..suites.base import ActionError
 from ..workers import WorkerHandle
+
+_TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 
 
 class ShopApp(WorkspaceApp):
-    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770):
+    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 48,
+                 screenshots: bool = True, keep_rasters: bool = True):
         if catalog_size < 1:
             raise ValueError(f"catalog_size must be >= 1, got {catalog_size}")
-        self.kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "port": port}
+        self.server_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "port": port,
+                              "image_px": image_px}
+        self.browser_kwargs = {"screenshots": screenshots, "keep_rasters": keep_rasters}
 
     def setup(self, ctx: AppContext) -> None:
-        self.server: WorkerHandle = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.kwargs)
+        self.server: WorkerHandle = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)
         self.port = int(self.server.call("port"))
-        self.cookies: dict[str, str] = {}  # the browser's cookie jar (the text browser takes it over)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.browser = Browser(self.base_url + "/", **self.browser_kwargs)
 
     def tools(self) -> dict[str, Tool]:
-        return {"http_get": lambda a: self._request("GET", a), "http_post": lambda a: self._request("POST", a)}
+        tools: dict[str, Tool] = {verb: self._action(verb) for verb in VERBS if verb != "stop"}
+        tools.update({"observe": lambda a: self.browser.observe(), "_start": self._start, "_element": self._element,
+                      "_page_text": self._page_text, "_shop_json": self._shop_json,
+                      "_url": lambda a: Observation(output=self.browser.current_url())})
+        return tools
 
-    def _request(self, method: str, args: dict[str, Any]) -> Observation:
-        path = args.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ToolError(f"http_{method.lower()} needs a 'path' starting with '/'")
-        form = args.get("form", {})
-        if not isinstance(form, dict):
-            raise ToolError("'form' must be an object of field names to values")
-        body = urllib.parse.urlencode(form) if method == "POST" else None
-        headers = {"Content-Type": "application/x-www-form-urlencoded"} if body is not None else {}
-        if self.cookies:
-            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in sorted(self.cookies.items()))
+    def _action(self, verb: str) -> Tool:
+        def act(args: dict[str, Any]) -> Observation:
+            try:
+                self.browser.act(validate_call(ToolCall(name=verb, args=args)))
+            except (ActionError, BrowserError) as exc:
+                raise ToolError(str(exc)) from None
+            return self.browser.observe()
+        return act
+
+    def _start(self, args: dict[str, Any]) -> Observation:
+        """A task's start: the current tab goes to ``url`` (WebArena opens the task's start_url)."""
+        try:
+            self.browser.act(ToolCall(name="goto", args={"url": str(args.get("url") or self.base_url + "/")}))
+        except BrowserError as exc:
+            raise ToolError(str(exc)) from None
+        return self.browser.observe()
+
+    def _element(self, args: dict[str, Any]) -> Observation:
+        """The id of the first element on the current page with this role and name: ``@button 'Add to Cart'``."""
+        target = str(args.get("target", ""))
+        match = _TARGET.match(target)
+        if not match:
+            raise ToolError(f"element target {target!r} is not of the form @role 'name'")
+        element_id = self.browser.find(match.group(1), match.group(3))
+        if element_id is None:
+            raise ToolError(f"no element {target!r} on {self.browser.current_url()}")
+        return Observation(output=str(element_id), data={"element_id": element_id})
+
+    def _page_text(self, args: dict[str, Any]) -> Observation:
+        url = args.get("url")
+        try:
+            return Observation(output=self.browser.fetch_text(url if url else None, str(args.get("selector", ""))))
+        except BrowserError as exc:
+            raise ToolError(str(exc)) from None
+
+    def _shop_json(self, args: dict[str, Any]) -> Observation:
+        """A read-only REST answer of the shop (what WebArena's evaluator functions read)."""
+        path = str(args.get("path", ""))
+        if not path.startswith("/rest/"):
+            raise ToolError(f"_shop_json reads /rest/ routes only, not {path!r}")
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            conn.request(method, path, body=body, headers=headers)
+            conn.request("GET", path)
             response = conn.getresponse()
-            text = response.read().decode()
-            for header in response.headers.get_all("Set-Cookie") or []:
-                name, _, rest = header.partition("=")
-                self.cookies[name.strip()] = rest.split(";", 1)[0]
-            return Observation(output=text, data={"status": response.status,
-                                                  "location": response.headers.get("Location")})
+            body = response.read().decode()
         finally:
             conn.close()
+        if response.status != 200:
+            raise ToolError(f"{path}: HTTP {response.status}")
+        return Observation(output=body, data={"json": json.loads(body)})
+
+    def close(self) -> None:
+        self.browser.close()

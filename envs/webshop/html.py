@@ -137,7 +137,7 @@ def product_page(p: Product, customer_reviews: list[CustomerReview], image_url: 
             f"<a class=\"action view\" href=\"#reviews\">{count} Reviews</a></div>"
             f"<form class=\"product_addtocart_form\" action=\"/checkout/cart/add/\" method=\"post\">"
             f"<input type=\"hidden\" name=\"sku\" value=\"{e(p.sku)}\"><label for=\"qty\">Qty</label>"
-            f"<input id=\"qty\" name=\"qty\" type=\"text\" value=\"1\">"
+            f"<input id=\"qty\" name=\"qty\" type=\"text\" value=\"1\" placeholder=\"Qty\">"
             f"<button type=\"submit\" class=\"action tocart primary\">Add to Cart</button></form></div>"
             f"<div class=\"product attribute description\">{e(p.description)}</div>"
             f"<table class=\"data table additional-attributes\">{attributes}</table>"

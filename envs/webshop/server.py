@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.server
 import io
 import json
-import random
 import re
 import socket
 import urllib.parse
@@ -27,7 +26,7 @@ from ..workers import WorkerApp
 from . import html as pages
 from .catalog import Catalog, Thumbnails
 from .search import SearchIndex
-from .store import ADDRESS_FIELDS, Address, OrderItem, Store
+from .store import ADDRESS_FIELDS, Address, OrderItem, Store, order_history
 
 PAGE_SIZE = 12
 MAX_PAGES = 20  # listings and search results stop after 240 items, as a shop's toolbar does
@@ -62,13 +61,9 @@ class ShopServer(WorkerApp):
         self.ratings = np.array([self.catalog[i].rating for i in range(len(self.catalog))], dtype=np.float64)
         self.by_category = {pages.category_url(c): (c, np.flatnonzero(owner == k)) for k, c in enumerate(categories)}
         self.server = ctx.listen(self.port)
-        self.store = Store(self.db_path, seed_orders=self._past_order, seed=self.catalog_seed)
+        self.store = Store(self.db_path, order_history(len(self.catalog), self.catalog.__getitem__,
+                                                       self.catalog_seed))
         self.ctx = ctx
-
-    def _past_order(self, rng: random.Random) -> list[OrderItem]:
-        docs = rng.sample(range(len(self.catalog)), k=min(rng.randint(1, 3), len(self.catalog)))
-        return [OrderItem(sku=self.catalog[d].sku, name=self.catalog[d].name,
-                          price_cents=self.catalog[d].price_cents, qty=rng.randint(1, 2)) for d in docs]
 
     def before_fork(self, ctx: AppContext) -> None:
         super().before_fork(ctx)

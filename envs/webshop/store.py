@@ -15,6 +15,7 @@ import os
 import random
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -90,29 +91,41 @@ class CustomerReview(msgspec.Struct, frozen=True, kw_only=True):
     created: str
 
 
+PastOrder = tuple[str, str, list[OrderItem]]  # (date, status, items)
+
+
+def order_history(n_products: int, product: Callable[[int], Any], seed: int) -> list[PastOrder]:
+    """The customer's past orders in a new shop, deterministic in (catalog, seed); order ids are 1, 2, ... in this
+    order. ``product(i)`` is the catalog's i-th product."""
+    rng = random.Random(f"orders:{seed}")
+    history = []
+    for n in range(PAST_ORDERS):
+        created = f"2022-{1 + n:02d}-{rng.randint(1, 28):02d}"
+        status = rng.choices(["complete", "canceled", "pending"], weights=[8, 2, 1])[0]
+        docs = rng.sample(range(n_products), k=min(rng.randint(1, 3), n_products))
+        items = [OrderItem(sku=product(d).sku, name=product(d).name, price_cents=product(d).price_cents,
+                           qty=rng.randint(1, 2)) for d in docs]
+        history.append((created, status, items))
+    return history
+
+
 HOME_ADDRESS = Address(firstname="Emma", lastname="Lopez", street="101 S San Mateo Dr", city="San Mateo",
                        region="California", postcode="94010", country="United States", telephone="6505551212")
 
 
 class Store:
-    def __init__(self, path: str, seed_orders: Callable[[random.Random], list[OrderItem]] | None = None,
-                 seed: int = 0):
-        """``seed_orders`` draws one past order's items; a new database gets ``PAST_ORDERS`` of them."""
+    def __init__(self, path: str, history: list[PastOrder] | None = None):
+        """A new database gets the customer's past orders, ``history`` (see ``order_history``)."""
         self.path = path
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         self.db = self._connect()
         self.db.executescript(SCHEMA)
-        if seed_orders is not None and self.db.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 0:
-            self._seed_history(seed_orders, random.Random(f"orders:{seed}"))
+        if history and self.db.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == 0:
+            for created, status, items in history:
+                self._insert_order(created, status, HOME_ADDRESS, items)
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, isolation_level=None)  # autocommit: no transaction outlives a call
-
-    def _seed_history(self, draw: Callable[[random.Random], list[OrderItem]], rng: random.Random) -> None:
-        for n in range(PAST_ORDERS):
-            created = f"2022-{1 + n:02d}-{rng.randint(1, 28):02d}"
-            status = rng.choices(["complete", "canceled", "pending"], weights=[8, 2, 1])[0]
-            self._insert_order(created, status, HOME_ADDRESS, draw(rng))
 
     def _insert_order(self, created: str, status: str, address: Address, items: list[OrderItem]) -> int:
         subtotal = sum(i.price_cents * i.qty for i in items)

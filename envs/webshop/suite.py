@@ -1,0 +1,139 @@
+"""The embedded web shop suite: WebArena's task files, action language and evaluators on the shop in a workspace.
+
+Owns: loading the task files (``webarena.load_task``), the workspace application for them (``ShopApp`` with the
+catalog knobs), a task's start (the browser goes to ``start_url``), turning a reference step that names an element
+(``click [@link 'My Account']``) into the id on the page, and scoring: the product of the task's evaluators
+(string_match on the final answer, url_match on the current page, program_html reading the shop's pages and REST
+routes), as WebArena scores.
+Must never: score a task whose evaluator it cannot run: such files are refused when loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..browser.actions import parse_action
+from ..records import AppSpec, Observation, ToolCall
+from ..suites import webarena
+from ..suites.base import ActionError, Suite, SuiteTask, checked
+from ..workspace import Workspace
+from . import tasks as generator
+
+SHOP_APP = "bunshin.envs.webshop.app:ShopApp"
+_SYMBOLIC = re.compile(r"\[(@\w+ '(?:[^'\\]|\\.)*')\]")
+
+
+class WebShopSuite(Suite):
+    name = "webshop"
+
+    def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
+                 catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 48, screenshots: bool = True,
+                 keep_rasters: bool = True, tasks_dir: str | Path | None = None,
+                 judge: webarena.Judge = webarena.token_overlap_judge):
+        self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
+                           "screenshots": screenshots, "keep_rasters": keep_rasters}
+        self.catalog = (catalog_size, catalog_seed)
+        self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None
+        self.judge = judge
+        self.base_url = "http://127.0.0.1:7770"
+        self._loaded: dict[str, webarena.WebArenaTask] = {}
+
+    def task_files(self) -> list[Path]:
+        if self.tasks_dir is not None:
+            return sorted(self.tasks_dir.glob("*.json"), key=lambda p: (len(p.stem), p.stem))
+        return generator.task_files(*self.catalog)
+
+    def tasks(self) -> list[SuiteTask]:
+        out = []
+        for path in self.task_files():
+            task = webarena.load_task(path)
+            if not task.bunshin_reference:
+                raise webarena.TaskFileError(path, "bunshin_reference is required by the embedded suite (its "
+                                                   "reference solution)")
+            reference = [self.parse_reference(step, path) for step in task.bunshin_reference]
+            if not self.is_final(reference[-1]):
+                raise webarena.TaskFileError(path, "bunshin_reference must end with a stop action")
+            self._loaded[str(task.task_id)] = task
+            out.append(SuiteTask(suite=self.name, id=str(task.task_id), template=task.bunshin_template,
+                                 instruction=task.intent, path=str(path), reference=reference))
+        return out
+
+    def parse_reference(self, step: str, path: Path | str = "<reference>") -> ToolCall:
+        """A reference step; ``[@role 'name']`` in place of an element id is kept as that string in
+        ``element_id`` and resolved by ``concrete`` on the page of the moment."""
+        symbolic = _SYMBOLIC.search(step)
+        try:
+            call = parse_action(_SYMBOLIC.sub("[0]", step, count=1) if symbolic else step)
+        except ActionError as exc:
+            raise webarena.TaskFileError(path, f"bunshin_reference step {step!r}: {exc}") from exc
+        if symbolic:
+            call = ToolCall(name=call.name, args={**call.args, "element_id": symbolic.group(1)})
+        return call
+
+    def app(self, task: SuiteTask | None = None) -> AppSpec:
+        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs))
+
+    def _task(self, task: SuiteTask) -> webarena.WebArenaTask:
+        if task.id not in self._loaded:
+            self._loaded[task.id] = webarena.load_task(task.path)
+        return self._loaded[task.id]
+
+    async def start(self, ws: Workspace, task: SuiteTask) -> Observation:
+        url = webarena.expand_url(self._task(task).start_url, self.base_url)
+        return await checked(ws, "_start", {"url": url})
+
+    def parse_action(self, text: str) -> ToolCall:
+        return parse_action(text)
+
+    def is_final(self, call: ToolCall) -> bool:
+        return call.name == "stop"
+
+    def null_action(self) -> ToolCall:
+        return ToolCall(name="stop", args={"answer": ""})
+
+    async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
+        target = call.args.get("element_id")
+        if not isinstance(target, str):
+            return call
+        found = await checked(ws, "_element", {"target": target})
+        return ToolCall(name=call.name, args={**call.args, "element_id": found.data["element_id"]})
+
+    async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
+        spec = self._task(task)
+        answer = str(final.args.get("answer", "")) if final.name == "stop" else ""
+        score = 1.0
+        for kind in spec.eval.eval_types:
+            if kind == "string_match":
+                score *= webarena.string_match(answer, spec.eval.reference_answers or {}, spec.intent, self.judge)
+            elif kind == "url_match":
+                page = await checked(ws, "_url", {})
+                score *= webarena.url_match(webarena.expand_url(spec.eval.reference_url or "", self.base_url),
+                                            page.output)
+            elif kind == "program_html":
+                score *= await self._program_html(ws, spec)
+        return score
+
+    async def _program_html(self, ws: Workspace, spec: webarena.WebArenaTask) -> float:
+        # The evaluator reads through the workspace; gather what it will ask for first (it is synchronous).
+        pages: dict[tuple[str | None, str], str] = {}
+        answers: dict[str, Any] = {}
+        for target in spec.eval.program_html:
+            url = webarena.parse_target_url(target.url)
+            locator = webarena.parse_locator(target.locator)
+            assert url is not None and locator is not None  # load_task refused anything else
+            if url == webarena.LATEST_ORDER:
+                latest = await checked(ws, "_shop_json", {"path": "/rest/V1/orders/latest"})
+                answers["/rest/V1/orders/latest"] = latest.data["json"]
+                url = f"{self.base_url}/sales/order/view/order_id/{latest.data['json'].get('order_id')}/"
+            page_url = None if url == "last" else webarena.expand_url(url, self.base_url)
+            if locator.kind in ("page", "selector"):
+                got = await checked(ws, "_page_text", {"url": page_url, "selector": locator.selector})
+                pages[(page_url, locator.selector)] = got.output
+            else:
+                path = f"/rest/V1/products/{locator.sku}/reviews"
+                answers[path] = (await checked(ws, "_shop_json", {"path": path})).data["json"]
+        return webarena.program_html(spec.eval.program_html, self.base_url, lambda u, s: pages[(u, s)],
+                                     answers.__getitem__)
+
