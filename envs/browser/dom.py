@@ -359,7 +359,10 @@ def outer_text(node: Node) -> str:
         if pending and out:
             out.append("\n" * pending)
         pending = 0
-        out.append(part)
+        if part.startswith(" ") and (not out or out[-1].endswith((" ", "\n", "\t"))):
+            part = part[1:]  # collapsible space next to another space or a line start
+        if part:
+            out.append(part)
     lines = "".join(out).split("\n")
     cleaned = [_strip_line(line) for line in lines]
     return "\n".join(cleaned).strip("\n")

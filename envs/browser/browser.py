@@ -1,0 +1,467 @@
+"""The text browser: tabs, history with a back/forward cache, cookies, forms, and WebArena's actions on them.
+
+Owns: ``Browser`` (what a workspace's host process drives for the web-shop suites) and ``BrowserError`` (an action
+the page refuses: unknown element id, typing into something that is not a field, a bad tab index, a site that
+cannot be reached; the message is written for the agent).
+
+- HTTP only, through ``urllib.request`` with no proxy: one ``http.cookiejar.CookieJar`` shared by every tab (the
+  standard jar, because it already implements Set-Cookie parsing, Path/Domain matching and expiry, and urllib's
+  cookie processor stores cookies from intermediate redirect responses too, which a POST -> 302 -> GET flow needs);
+  redirects are followed by urllib (a 301/302/303 after a POST becomes a GET, as browsers do). A non-2xx status is
+  not an error: its page is shown, as a browser shows a 404 page.
+- A tab is a list of history entries (``Page``) and a current index. A navigation drops the forward entries and
+  appends; ``go_back``/``go_forward`` re-show the cached entry without a request (bfcache), with its scroll
+  position, focus and typed form values. Each entry keeps its decoded page: the DOM, the laid-out accessibility
+  tree and, with ``keep_rasters``, the full-page raster (``H x 1280 x 3`` bytes: the browser's memory grows with
+  every page visited, which is what makes a rollout's workspace diverge from its siblings).
+- The viewport is ``viewport[1] // LINE_HEIGHT`` lines of the tree (36 for 720 px); ``scroll`` moves one viewport,
+  clamped to the page, like ``scrollTop += innerHeight``. Same page state, same text, ids and pixels.
+Must never: import the shop (it only speaks HTTP), run scripts, or perform ``stop`` (the suite's final action).
+"""
+
+from __future__ import annotations
+
+import html
+import http.client
+import http.cookiejar
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..records import Observation, ToolCall
+from ..suites.base import ActionError
+from . import accessibility, dom, screenshot
+from .accessibility import LINE_HEIGHT
+from .actions import validate_call
+
+BLANK = "about:blank"
+MAX_BODY = 16 << 20
+USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) BunshinTextBrowser/0.1"
+
+
+class BrowserError(Exception):
+    """The page refused the action (bad element id, not a field, no such tab, site unreachable...)."""
+
+
+@dataclass(eq=False)
+class Page:
+    """One history entry: the decoded page and its state (scroll line, focus, typed values in the DOM)."""
+
+    url: str
+    status: int
+    document: dom.Node
+    title: str
+    scroll: int = 0  # index of the first content line in the viewport
+    focused: int | None = None
+    select_all: bool = False  # Control/Meta+a pressed in the focused field: the next Backspace clears it
+    raster: np.ndarray | None = None
+    _tree: accessibility.Tree | None = field(default=None, repr=False)
+    _raster_stale: bool = True
+
+    @property
+    def tree(self) -> accessibility.Tree:
+        if self._tree is None:
+            self._tree = accessibility.build(self.document, self.title, self.focused)
+        return self._tree
+
+    def changed(self) -> None:
+        """The page state (a value, the focus) changed: lay out and draw it again when next needed."""
+        self._tree = None
+        self._raster_stale = True
+
+
+@dataclass(eq=False)
+class Tab:
+    history: list[Page]
+    index: int = 0
+
+    @property
+    def page(self) -> Page:
+        return self.history[self.index]
+
+
+def _blank_page() -> Page:
+    return Page(url=BLANK, status=200, document=dom.parse_html("<html><head></head><body></body></html>"), title="")
+
+
+class Browser:
+    """A text browser over HTTP with WebArena's action set; see the module docstring."""
+
+    def __init__(self, start_url: str, *, viewport: tuple[int, int] = (1280, 720), screenshots: bool = True,
+                 keep_rasters: bool = True, timeout_s: float = 10.0):
+        self.start_url = start_url
+        self.viewport = (int(viewport[0]), int(viewport[1]))
+        self.lines_per_viewport = max(1, self.viewport[1] // LINE_HEIGHT)
+        self.screenshots = screenshots
+        self.keep_rasters = keep_rasters
+        self.timeout_s = timeout_s
+        self.cookies = http.cookiejar.CookieJar()
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   urllib.request.HTTPCookieProcessor(self.cookies))
+        self.tabs: list[Tab] = [Tab([_blank_page()])]
+        self.current = 0
+        self.closed = False
+        self.requests = 0  # HTTP requests sent (redirect hops counted once)
+        self._navigate(self.tabs[0], self._resolve(start_url))
+
+    # -- public API ------------------------------------------------------------------------------------------
+
+    @property
+    def tab(self) -> Tab:
+        return self.tabs[self.current]
+
+    @property
+    def page(self) -> Page:
+        return self.tab.page
+
+    def current_url(self) -> str:
+        return self.page.url
+
+    def act(self, call: ToolCall) -> None:
+        """Perform one action (any verb but ``stop``); ``ActionError`` for a malformed call, ``BrowserError`` for
+        one the page refuses."""
+        if self.closed:
+            raise BrowserError("the browser is closed")
+        call = validate_call(call)
+        a = call.args
+        name = call.name
+        if name == "stop":
+            raise ActionError("stop is the final action: the suite scores it, the browser does not perform it")
+        if name == "click":
+            self._click(a["element_id"])
+        elif name == "hover":
+            self._focus(self._element(a["element_id"]))
+        elif name == "type":
+            self._type(a["element_id"], a["text"], a["press_enter_after"])
+        elif name == "press":
+            self._press(a["key_comb"])
+        elif name == "scroll":
+            self._scroll(1 if a["direction"] == "down" else -1)
+        elif name == "new_tab":
+            self.tabs.append(Tab([_blank_page()]))
+            self.current = len(self.tabs) - 1
+        elif name == "tab_focus":
+            index = a["tab_index"]
+            if not 0 <= index < len(self.tabs):
+                raise BrowserError(f"there is no tab {index}: the open tabs are 0 to {len(self.tabs) - 1}")
+            self.current = index
+        elif name == "close_tab":
+            del self.tabs[self.current]
+            if not self.tabs:
+                self.tabs.append(Tab([_blank_page()]))
+            self.current = len(self.tabs) - 1  # as WebArena: the last open tab gets the focus
+        elif name == "goto":
+            self._navigate(self.tab, self._resolve(a["url"]))
+        elif name == "go_back":
+            if self.tab.index > 0:
+                self.tab.index -= 1
+        elif name == "go_forward":
+            if self.tab.index < len(self.tab.history) - 1:
+                self.tab.index += 1
+        self._keep_raster(self.page)
+
+    def observe(self) -> Observation:
+        """WebArena's text observation of the current tab's viewport, with the tab header; ``data`` carries the
+        URL, the title, every tab's title, the status and (with ``screenshots``) the viewport PNG."""
+        if self.closed:
+            raise BrowserError("the browser is closed")
+        page = self.page
+        tree = page.tree
+        page.scroll = min(page.scroll, accessibility.max_scroll(tree, self.lines_per_viewport))
+        header = " | ".join(f"Tab {i} (current): {t.page.title}" if i == self.current else f"Tab {i}: {t.page.title}"
+                            for i, t in enumerate(self.tabs))
+        text = f"{header}\n\n{accessibility.render_viewport(tree, page.scroll, self.lines_per_viewport)}"
+        data: dict[str, Any] = {"url": page.url, "title": page.title, "tabs": [t.page.title for t in self.tabs],
+                                "tab_index": self.current, "status": page.status}
+        if self.screenshots:
+            data["screenshot"] = self.screenshot()
+        return Observation(output=text, data=data)
+
+    def screenshot(self) -> bytes:
+        """The current viewport as PNG bytes, exactly ``viewport`` pixels."""
+        page = self.page
+        raster = self._keep_raster(page) if self.keep_rasters else self._draw(page)
+        return screenshot.viewport_png(raster, page.scroll * LINE_HEIGHT, self.viewport)
+
+    def fetch_text(self, url: str | None, selector: str) -> str:
+        """For WebArena's program_html evaluator: the outer text of the first element matching ``selector`` (the
+        page's body when ``selector`` is empty; "" when nothing matches) on ``url`` fetched with the browser's
+        cookies in a throw-away page (no history change), or on the current page as it is now when ``url`` is
+        None (typed values included: the text of a form field is its value). ``dom.SelectorError`` for a selector
+        outside the supported subset."""
+        if url is None:
+            document = self.page.document
+        else:
+            _, _, document, _ = self._load(self._resolve(url))
+        if not selector.strip():
+            return dom.outer_text(dom.body_of(document))
+        node = document.query_selector(selector)
+        return dom.outer_text(node) if node is not None else ""
+
+    def raster_bytes(self) -> int:
+        """Bytes of page rasters kept in every tab's history (the back/forward cache)."""
+        return sum(p.raster.nbytes for t in self.tabs for p in t.history if p.raster is not None)
+
+    def close(self) -> None:
+        self.tabs = []
+        self.closed = True
+        self.cookies.clear()
+
+    # -- loading -----------------------------------------------------------------------------------------------
+
+    def _resolve(self, url: str) -> str:
+        url = url.strip()
+        if url == BLANK:
+            return url
+        if re.match(r"^[A-Za-z0-9.-]+:\d+(/|$)", url):  # "localhost:7770/x": no scheme
+            url = "http://" + url
+        base = self.page.url if self.tabs and self.page.url != BLANK else self.start_url
+        resolved = urllib.parse.urljoin(base, url)
+        if urllib.parse.urlsplit(resolved).scheme not in ("http", "https"):
+            raise BrowserError(f"cannot open {url!r}: only http(s) URLs and paths on this site are supported")
+        return resolved
+
+    def _load(self, url: str, data: bytes | None = None) -> tuple[str, int, dom.Node, str]:
+        """GET (or POST ``data``) ``url`` following redirects: (final URL, status, document, title)."""
+        if url == BLANK:
+            blank = _blank_page()
+            return blank.url, 200, blank.document, ""
+        url = urllib.parse.urldefrag(url).url
+        headers = {"User-Agent": USER_AGENT, "Accept": "text/html,*/*;q=0.8"}
+        if data is not None:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
+        self.requests += 1
+        try:
+            response = self._opener.open(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError as error:  # a 4xx/5xx page is shown, not refused
+            response = error
+        except (urllib.error.URLError, http.client.HTTPException, socket.timeout, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise BrowserError(f"cannot reach {url}: {reason}") from None
+        try:
+            status = getattr(response, "status", None) or response.getcode() or 0
+            final = response.geturl() or url
+            body = response.read(MAX_BODY)
+            content_type = response.headers.get_content_type() if response.headers else "text/html"
+            charset = (response.headers.get_content_charset() if response.headers else None) or "utf-8"
+        except (http.client.HTTPException, OSError) as error:
+            raise BrowserError(f"the connection to {url} broke while loading: {error}") from None
+        finally:
+            response.close()
+        try:
+            text = body.decode(charset, errors="replace")
+        except LookupError:
+            text = body.decode("utf-8", errors="replace")
+        if content_type == "text/plain":
+            text = f"<html><body><pre>{html.escape(text)}</pre></body></html>"
+        elif content_type not in ("text/html", "application/xhtml+xml"):
+            name = urllib.parse.urlsplit(final).path.rsplit("/", 1)[-1] or final
+            text = (f"<html><head><title>{html.escape(name)}</title></head><body><p>{html.escape(content_type)}, "
+                    f"{len(body)} bytes</p></body></html>")
+        document = dom.parse_html(text)
+        return final, int(status), document, dom.page_title(document)
+
+    def _navigate(self, tab: Tab, url: str, data: bytes | None = None) -> None:
+        current = tab.page
+        target, fragment = urllib.parse.urldefrag(url)
+        if data is None and fragment and target == urllib.parse.urldefrag(current.url).url and url != BLANK:
+            self._scroll_to_fragment(current, fragment)  # same-document navigation: no request
+            return
+        final, status, document, title = self._load(url, data)
+        page = Page(url=final, status=status, document=document, title=title or (final if final != BLANK else ""))
+        if fragment:
+            self._scroll_to_fragment(page, fragment)
+        del tab.history[tab.index + 1:]
+        if len(tab.history) == 1 and tab.history[0].url == BLANK:
+            tab.history[0] = page  # a fresh tab's initial blank page is replaced, as browsers do
+        else:
+            tab.history.append(page)
+            tab.index = len(tab.history) - 1
+        self._keep_raster(page)
+
+    def _scroll_to_fragment(self, page: Page, fragment: str) -> None:
+        target = next((n for n in page.document.elements() if n.attrs.get("id") == fragment
+                       or (n.tag == "a" and n.attrs.get("name") == fragment)), None)
+        if target is None:
+            return
+        inside = {n.node_id for n in target.iter()}
+        for index, line in enumerate(page.tree.lines):
+            if line.node_id in inside or line.node_id > target.node_id:
+                page.scroll = min(index, accessibility.max_scroll(page.tree, self.lines_per_viewport))
+                return
+
+    # -- pixels ------------------------------------------------------------------------------------------------
+
+    def _draw(self, page: Page) -> np.ndarray:
+        return screenshot.render_raster(page.tree, self.viewport[0], self.viewport[1], page.focused)
+
+    def _keep_raster(self, page: Page) -> np.ndarray:
+        if not self.keep_rasters:
+            return page.raster  # type: ignore[return-value]
+        if page.raster is None or page._raster_stale:
+            page.raster = self._draw(page)
+            page._raster_stale = False
+        return page.raster
+
+    # -- elements and actions ------------------------------------------------------------------------------------
+
+    def _element(self, element_id: int) -> dom.Node:
+        node = self.page.tree.nodes.get(element_id)
+        if node is None:
+            raise BrowserError(f"there is no element [{element_id}] on this page; use an id shown in the "
+                               f"accessibility tree")
+        return node
+
+    def _describe(self, node: dom.Node) -> str:
+        line = next((line for line in self.page.tree.lines if line.node_id == node.node_id), None)
+        return f"[{node.node_id}] {line.role} {line.name!r}" if line is not None else f"[{node.node_id}]"
+
+    def _focus(self, node: dom.Node) -> None:
+        page = self.page
+        if page.focused != node.node_id:
+            page.focused = node.node_id
+            page.select_all = False
+            page.changed()
+
+    def _click(self, element_id: int) -> None:
+        node = self._element(element_id)
+        focusable = next((n for n in [node, *node.ancestors()] if n.tag in ("input", "textarea", "select", "button")
+                          or (n.tag == "a" and "href" in n.attrs)), None)
+        self._focus(focusable if focusable is not None and focusable.node_id in self.page.tree.nodes else node)
+        element = node if node.is_element else node.parent
+        if element is None:
+            return
+        if element.tag == "input" and dom.input_type(element) in ("checkbox", "radio"):
+            self._check(element)
+            return
+        if element.tag in ("input", "textarea", "select") and not dom.is_submit(element):
+            return  # a click on a field focuses it
+        option = element.closest("option")
+        if option is not None:
+            select = option.closest("select")
+            if select is not None:
+                select.value = dom.option_value(option)
+                self.page.changed()
+            return
+        button = element if dom.is_submit(element) else element.closest("button")
+        if button is not None and "disabled" not in button.attrs:
+            if dom.is_submit(button):
+                form = dom.enclosing_form(button)
+                if form is not None:
+                    self._submit(form, button)
+            return
+        link = next((n for n in [element, *element.ancestors()] if n.tag == "a" and "href" in n.attrs), None)
+        if link is not None:
+            self._follow(link)
+        # anything else: focused, nothing more (WebArena clicks there and nothing happens)
+
+    def _check(self, box: dom.Node) -> None:
+        if dom.input_type(box) == "radio":
+            name, form = box.attrs.get("name"), dom.enclosing_form(box)
+            root = form if form is not None else self.page.document
+            for other in root.elements():
+                if other.tag == "input" and dom.input_type(other) == "radio" and other.attrs.get("name") == name:
+                    other.checked = False
+            box.checked = True
+        else:
+            box.checked = not dom.is_checked(box)
+        self.page.changed()
+
+    def _base_url(self) -> str:
+        base = self.page.document.query_selector("base[href]")
+        return urllib.parse.urljoin(self.page.url, base.attrs["href"]) if base is not None else self.page.url
+
+    def _follow(self, link: dom.Node) -> None:
+        href = link.attrs.get("href", "").strip()
+        if not href or href.lower().startswith(("javascript:", "mailto:", "tel:")):
+            return
+        url = urllib.parse.urljoin(self._base_url(), href)
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            return
+        self._navigate(self.tab, url)
+
+    def _submit(self, form: dom.Node, submitter: dom.Node | None) -> None:
+        attrs = submitter.attrs if submitter is not None else {}
+        method = (attrs.get("formmethod") or form.attrs.get("method") or "get").strip().lower()
+        action = (attrs.get("formaction") or form.attrs.get("action") or "").strip()
+        url = urllib.parse.urljoin(self._base_url(), action) if action else urllib.parse.urldefrag(self.page.url).url
+        body = urllib.parse.urlencode(dom.form_fields(form, submitter))
+        if method == "post":
+            self._navigate(self.tab, url, body.encode())
+        else:
+            parts = urllib.parse.urlsplit(urllib.parse.urldefrag(url).url)
+            self._navigate(self.tab, urllib.parse.urlunsplit(parts._replace(query=body)))
+
+    def _type(self, element_id: int, text: str, press_enter: bool) -> None:
+        node = self._element(element_id)
+        if node.tag == "select":
+            wanted = text.strip().lower()
+            options = dom.options_of(node)
+            chosen = next((o for o in options if " ".join(o.text_content().split()).lower() == wanted
+                           or dom.option_value(o).lower() == wanted), None)
+            if chosen is None:
+                names = ", ".join(repr(" ".join(o.text_content().split())) for o in options)
+                raise BrowserError(f"{self._describe(node)} has no option {text!r}; its options are {names}")
+            node.value = dom.option_value(chosen)
+        elif dom.is_text_field(node):
+            if "disabled" in node.attrs or "readonly" in node.attrs:
+                raise BrowserError(f"{self._describe(node)} is read-only")
+            node.value = text  # the field's value is replaced (as after select-all), not appended to
+        else:
+            raise BrowserError(f"cannot type into {self._describe(node)}: it is not a text box or a combobox")
+        self._focus(node)
+        self.page.changed()
+        if press_enter:
+            self._enter(node)
+
+    def _enter(self, node: dom.Node) -> None:
+        """Enter with ``node`` focused: submit a field's form, follow a link, press a button."""
+        if node.tag == "textarea":
+            node.value = dom.field_value(node) + "\n"
+            self.page.changed()
+            return
+        if node.tag == "input" and dom.input_type(node) not in ("checkbox", "radio") or node.tag == "select":
+            form = dom.enclosing_form(node)
+            if form is not None:
+                self._submit(form, None)
+            return
+        self._click(node.node_id)
+
+    def _press(self, key_comb: str) -> None:
+        page = self.page
+        key = key_comb.strip().lower().replace("arrow", "")
+        focused = page.tree.nodes.get(page.focused) if page.focused is not None else None
+        in_field = focused is not None and dom.is_text_field(focused)
+        if key in ("enter", "return"):
+            if focused is not None and focused is not page.document:
+                self._enter(focused)
+        elif key in ("control+a", "meta+a", "ctrl+a"):
+            page.select_all = in_field
+        elif key in ("backspace", "delete") and in_field:
+            assert focused is not None
+            focused.value = "" if page.select_all else dom.field_value(focused)[:-1]
+            page.select_all = False
+            page.changed()
+        elif key in ("alt+left", "meta+["):
+            self.act(ToolCall(name="go_back"))
+        elif key in ("alt+right", "meta+]"):
+            self.act(ToolCall(name="go_forward"))
+        elif not in_field and key in ("pagedown", "space"):
+            self._scroll(1)
+        elif not in_field and key == "pageup":
+            self._scroll(-1)
+        elif not in_field and key in ("home", "end"):
+            page.scroll = 0 if key == "home" else accessibility.max_scroll(page.tree, self.lines_per_viewport)
+        # other keys: nothing visible happens
+
+    def _scroll(self, sign: int) -> None:
+        page = self.page
+        last = accessibility.max_scroll(page.tree, self.lines_per_viewport)
+        page.scroll = min(max(0, page.scroll + sign * self.lines_per_viewport), last)
