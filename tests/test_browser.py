@@ -293,6 +293,30 @@ def test_post_form_fields_select_checkbox_textarea(browser: Browser, server: tup
                                                "comment=too loud", "action=send"]
 
 
+def test_keys_hover_and_same_page_links(browser: Browser, server: tuple[str, Shop]) -> None:
+    shop = server[1]
+    box = find_id(browser.observe().output, "textbox", "Search entire store here...")
+    do(browser, f"type [{box}] [lamps] [0]")
+    do(browser, "press [Backspace]")
+    assert find_id(browser.observe().output, "textbox", "lamp") == box
+    do(browser, "press [Meta+a]")
+    do(browser, "press [Backspace]")  # select-all then Backspace clears the field (WebArena agents do this)
+    assert re.search(rf"\[{box}\] textbox 'Search entire store here\.\.\.' focused: True", browser.observe().output)
+    button = find_id(browser.observe().output, "button", "Search")
+    do(browser, f"hover [{button}]")
+    assert re.search(rf"\[{button}\] button 'Search' focused: True", browser.observe().output)
+    do(browser, f"goto [{product_url(7)}]")
+    count = len(shop.requests)
+    do(browser, f"click [{find_id(browser.observe().output, 'link', f'{len(PRODUCTS[7].reviews)} Reviews')}]")
+    obs = browser.observe().output  # "#reviews": the page scrolls to the reviews, no request
+    assert len(shop.requests) == count and browser.page.scroll > 0
+    assert re.search(r"^\t\[\d+\] heading 'Customer Reviews'$", obs, re.M)
+    do(browser, "press [Alt+Left]")
+    assert browser.observe().data["title"] == "Home Page" and len(shop.requests) == count
+    do(browser, "press [PageDown]")  # the focus is on a button, not in a field: the page scrolls
+    assert browser.page.scroll > 0
+
+
 def test_back_forward_cache_makes_no_requests(browser: Browser, server: tuple[str, Shop]) -> None:
     shop = server[1]
     home = browser.observe().output
@@ -470,8 +494,9 @@ def test_fetch_text(browser: Browser, server: tuple[str, Shop]) -> None:
     do(browser, f"click [{find_id(browser.observe().output, 'button', 'Add to Cart')}]")
     do(browser, "goto [/]")
     assert browser.fetch_text("/checkout/cart/", "#shopping-cart-table .product-item-link") == p.name
-    with pytest.raises(SelectorError, match="a:hover"):
+    with pytest.raises(SelectorError, match="a:hover") as info:
         browser.fetch_text(None, "a:hover")
+    assert isinstance(info.value, BrowserError)  # callers that turn browser errors into tool errors catch it
 
 
 # -- DOM and selectors ---------------------------------------------------------------------------------------------

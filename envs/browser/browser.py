@@ -49,6 +49,11 @@ class BrowserError(Exception):
     """The page refused the action (bad element id, not a field, no such tab, site unreachable...)."""
 
 
+class PageSelectorError(BrowserError, dom.SelectorError):
+    """``fetch_text`` got a selector outside the supported subset: both a ``BrowserError`` (callers that turn
+    browser errors into tool errors catch it) and a ``dom.SelectorError``."""
+
+
 @dataclass(eq=False)
 class Page:
     """One history entry: the decoded page and its state (scroll line, focus, typed values in the DOM)."""
@@ -193,15 +198,18 @@ class Browser:
         """For WebArena's program_html evaluator: the outer text of the first element matching ``selector`` (the
         page's body when ``selector`` is empty; "" when nothing matches) on ``url`` fetched with the browser's
         cookies in a throw-away page (no history change), or on the current page as it is now when ``url`` is
-        None (typed values included: the text of a form field is its value). ``dom.SelectorError`` for a selector
-        outside the supported subset."""
+        None (typed values included: the text of a form field is its value). ``PageSelectorError`` (a
+        ``BrowserError`` and a ``dom.SelectorError``) for a selector outside the supported subset."""
         if url is None:
             document = self.page.document
         else:
             _, _, document, _ = self._load(self._resolve(url))
         if not selector.strip():
             return dom.outer_text(dom.body_of(document))
-        node = document.query_selector(selector)
+        try:
+            node = document.query_selector(selector)
+        except dom.SelectorError as error:
+            raise PageSelectorError(str(error)) from None
         return dom.outer_text(node) if node is not None else ""
 
     def raster_bytes(self) -> int:
@@ -426,6 +434,9 @@ class Browser:
         if node.tag == "textarea":
             node.value = dom.field_value(node) + "\n"
             self.page.changed()
+            return
+        if dom.is_submit(node) or node.tag == "button":
+            self._click(node.node_id)
             return
         if node.tag == "input" and dom.input_type(node) not in ("checkbox", "radio") or node.tag == "select":
             form = dom.enclosing_form(node)
