@@ -61,7 +61,7 @@ from .spreadsheet import CellError, FormulaError, Sheet, cell_name, format_value
 from .terminal import Terminal
 
 PRIVATE_DIR = "/var/lib/desktop"
-ALLOWED_ROOTS = (AGENT_HOME, "/tmp")
+ALLOWED_ROOTS = (AGENT_HOME, "/tmp")  # after resolving symlinks (/home/user -> /home/agent)
 MAX_FILE = 16 << 20
 MiB = 1 << 20
 
@@ -270,6 +270,8 @@ class DesktopApp(WorkspaceApp):
                 os.chown(path, AGENT_UID, AGENT_GID)
         os.makedirs(PRIVATE_DIR, mode=0o700, exist_ok=True)
         os.chmod(PRIVATE_DIR, 0o700)
+        if not os.path.lexists("/home/user"):  # OSWorld's task files name the user's home /home/user
+            os.symlink(AGENT_HOME, "/home/user")
         self._warm_up()
 
     def _warm_up(self) -> None:

@@ -22,6 +22,11 @@ from .webarena import TaskFileError, decode_task_file
 
 SETUP_TYPES = frozenset({"execute", "command", "sleep", "open", "launch"})
 GETTER_TYPES = frozenset({"vm_command_line", "vm_terminal_output", "vm_file", "rule", "list_directory"})
+# Programs a ``launch`` step may start on the embedded desktop (files open in its editor or spreadsheet).
+EDITOR_PROGRAMS = frozenset({"gedit", "xed", "code", "mousepad", "kate", "nano", "vim", "vi", "gnome-text-editor"})
+SHEET_PROGRAMS = frozenset({"libreoffice", "soffice", "localc"})
+TERMINAL_PROGRAMS = frozenset({"gnome-terminal", "xterm", "x-terminal-emulator", "bash", "sh"})
+LAUNCH_PROGRAMS = EDITOR_PROGRAMS | SHEET_PROGRAMS | TERMINAL_PROGRAMS
 
 
 class SetupStep(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +84,7 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
             if step.type not in SETUP_TYPES:
                 raise TaskFileError(path, f"{where}[{i}].type {step.type!r} is not supported (known: "
                                           f"{sorted(SETUP_TYPES)})")
+            _check_step_parameters(step, f"{where}[{i}]", path)
     ev = task.evaluator
     unknown = [f for f in ev.funcs if f not in METRICS]
     if unknown:
@@ -96,6 +102,25 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
             if kind not in GETTER_TYPES:
                 raise TaskFileError(path, f"evaluator.{name}[{i}].type {kind!r} is not supported (known: "
                                           f"{sorted(GETTER_TYPES)})")
+
+
+def _check_step_parameters(step: SetupStep, where: str, path: str | Path) -> None:
+    params = step.parameters
+    if step.type in ("execute", "command", "launch"):
+        command = params.get("command")
+        ok = isinstance(command, str) and command.strip() or (
+            isinstance(command, list) and command and all(isinstance(c, str) for c in command))
+        if not ok:
+            raise TaskFileError(path, f"{where}.parameters.command must be a non-empty string or list of strings")
+        if step.type == "launch":
+            program = (command.split() if isinstance(command, str) else command)[0].rsplit("/", 1)[-1]
+            if program not in LAUNCH_PROGRAMS:
+                raise TaskFileError(path, f"{where}.parameters.command launches {program!r}, which the embedded "
+                                          f"desktop lacks (known: {sorted(LAUNCH_PROGRAMS)})")
+    elif step.type == "open" and not isinstance(params.get("path"), str):
+        raise TaskFileError(path, f"{where}.parameters.path must be a string")
+    elif step.type == "sleep" and not isinstance(params.get("seconds", 1), int | float):
+        raise TaskFileError(path, f"{where}.parameters.seconds must be a number")
 
 
 # -- metrics ----------------------------------------------------------------------------------------------------------
