@@ -283,6 +283,11 @@ def test_post_form_fields_select_checkbox_textarea(browser: Browser, server: tup
     do(browser, f"type [{find_id(tree, 'textbox', 'Comment')}] [too loud] [0]")
     tree = browser.observe().output
     assert find_id(tree, "combobox", "Complaint") and "checked: true" in tree
+    do(browser, f"click [{find_id(tree, 'StaticText', 'Subscribe')}]")  # a click on the label toggles the box
+    assert "checked: false" in browser.observe().output
+    do(browser, f"click [{find_id(tree, 'StaticText', 'Subscribe')}]")
+    tree = browser.observe().output
+    assert "checked: true" in tree
     assert re.search(r"option 'Complaint' selected: True", tree)
     with pytest.raises(BrowserError, match="no option 'Refund'"):
         do(browser, f"type [{find_id(tree, 'combobox', 'Complaint')}] [Refund]")

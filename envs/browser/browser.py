@@ -126,6 +126,8 @@ class Browser:
         return self.tab.page
 
     def current_url(self) -> str:
+        if self.closed:
+            raise BrowserError("the browser is closed")
         return self.page.url
 
     def act(self, call: ToolCall) -> None:
@@ -351,6 +353,15 @@ class Browser:
             return
         if element.tag in ("input", "textarea", "select") and not dom.is_submit(element):
             return  # a click on a field focuses it
+        label = element.closest("label")
+        if label is not None:  # a click on a label acts on its control
+            control = self._labelled(label)
+            if control is not None and control is not element:
+                if control.node_id in self.page.tree.nodes:
+                    self._focus(control)
+                if control.tag == "input" and dom.input_type(control) in ("checkbox", "radio"):
+                    self._check(control)
+                return
         option = element.closest("option")
         if option is not None:
             select = option.closest("select")
@@ -369,6 +380,12 @@ class Browser:
         if link is not None:
             self._follow(link)
         # anything else: focused, nothing more (WebArena clicks there and nothing happens)
+
+    def _labelled(self, label: dom.Node) -> dom.Node | None:
+        target = label.attrs.get("for")
+        if target:
+            return next((n for n in self.page.document.elements() if n.attrs.get("id") == target), None)
+        return next((n for n in label.elements() if n.tag in ("input", "textarea", "select")), None)
 
     def _check(self, box: dom.Node) -> None:
         if dom.input_type(box) == "radio":
