@@ -175,8 +175,8 @@ def find_id(text: str, role: str, name: str) -> int:
     raise AssertionError(f"no {role} {name!r} in:\n{text}")
 
 
-TREE_LINE = re.compile(r"^\t*(\[\d+\] [A-Za-z]+ ('[^'\n]*'|\"[^\"\n]*\")( [a-zA-Z]+: \S+)*|\t\(\.\.\. \d+ lines (above|below); "
-                       r"scroll (up|down) to see them\))$")
+TREE_LINE = re.compile(r"^\t*(\[\d+\] [A-Za-z]+ ('[^'\n]*'|\"[^\"\n]*\")( [a-zA-Z]+: \S+)*"
+                       r"|\t\(\.\.\. \d+ lines (above|below); scroll (up|down) to see them\))$")
 
 
 # -- accessibility tree ---------------------------------------------------------------------------------------------
@@ -566,7 +566,8 @@ EXAMPLES = {
     "new_tab": ToolCall(name="new_tab"),
     "tab_focus [2]": ToolCall(name="tab_focus", args={"tab_index": 2}),
     "close_tab": ToolCall(name="close_tab"),
-    "goto [http://127.0.0.1:7770/x.html?q=[1]]": ToolCall(name="goto", args={"url": "http://127.0.0.1:7770/x.html?q=[1]"}),
+    "goto [http://127.0.0.1:7770/x.html?q=[1]]": ToolCall(name="goto",
+                                                         args={"url": "http://127.0.0.1:7770/x.html?q=[1]"}),
     "go_back": ToolCall(name="go_back"),
     "go_forward": ToolCall(name="go_forward"),
     "stop [$12.99]": ToolCall(name="stop", args={"answer": "$12.99"}),

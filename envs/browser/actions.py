@@ -135,8 +135,8 @@ def _check_type(call: ToolCall, key: str, value: Any, kind: type) -> None:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ActionError(f"invalid {call.name} call: {key} must be {'a non-negative int' if kind is int else kind.__name__}"
-                          f", got {value!r}")
+        wanted = "a non-negative int" if kind is int else kind.__name__
+        raise ActionError(f"invalid {call.name} call: {key} must be {wanted}, got {value!r}")
 
 
 def validate_call(call: ToolCall) -> ToolCall:
@@ -151,7 +151,7 @@ def validate_call(call: ToolCall) -> ToolCall:
     wanted = set(ARGS[call.name])
     if set(args) != wanted:
         missing, extra = sorted(wanted - set(args)), sorted(set(args) - wanted)
-        detail = "; ".join(filter(None, [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]))
+        detail = "; ".join([f"missing {missing}"] * bool(missing) + [f"unexpected {extra}"] * bool(extra))
         raise ActionError(f"invalid {call.name} call: {detail} (expects {sorted(wanted) or 'no arguments'})")
     for key, value in args.items():
         if key in ("element_id", "tab_index"):
