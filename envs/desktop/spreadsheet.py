@@ -394,7 +394,9 @@ class Sheet:
             v = self._eval(node, visiting)
         finally:
             visiting.discard(key)
-        if isinstance(v, float) and not math.isfinite(v):
+        if isinstance(v, list):  # a bare range is not a value
+            v = VALUE
+        elif isinstance(v, float) and not math.isfinite(v):
             v = VALUE
         self._cache[key] = v
         return v
