@@ -62,7 +62,9 @@ def parse_cell(name: str) -> tuple[int, int]:
     if not m:
         raise CellError(f"{name!r} is not a cell name (like A1 or C12)")
     row, col = int(m.group(2)) - 1, col_index(m.group(1))
-    if row < 0 or row >= MAX_ROWS or col >= MAX_COLS:
+    if row < 0:
+        raise CellError(f"{name!r} is not a cell name (rows start at 1)")
+    if row >= MAX_ROWS or col >= MAX_COLS:
         raise CellError(f"{name!r} is outside the sheet (rows 1..{MAX_ROWS}, columns A..ZZZ)")
     return row, col
 
