@@ -40,6 +40,8 @@ Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 - ``scrollback_lines=10000``: terminal scrollback kept; ``undo_depth=1000``: editor undo steps kept per buffer
   (each a full copy of the buffer's lines).
 - ``screenshots=True``: every agent tool's observation carries a PNG screenshot (``png_level=1``: zlib level).
+- ``recording_frames=8``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
+  raw (1920x1080 RGB, 6 MiB each) after every agent step: the main private growth of a sample's first steps.
 """
 
 from __future__ import annotations
@@ -237,7 +239,8 @@ def directory_tree(path: str) -> dict[str, Any]:
 class DesktopApp(WorkspaceApp):
     def __init__(self, cache_mb: float = 192, index_roots: tuple[str, ...] | list[str] = ("/usr",),
                  window_w: int = 1100, window_h: int = 700, scrollback_lines: int = 10_000,
-                 undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True):
+                 undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True,
+                 recording_frames: int = 8):
         if cache_mb < 0:
             raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         if not (200 <= window_w <= 1800 and 150 <= window_h <= 1000):
@@ -246,6 +249,9 @@ class DesktopApp(WorkspaceApp):
         self.window_w, self.window_h = window_w, window_h
         self.scrollback_lines, self.undo_depth = scrollback_lines, undo_depth
         self.screenshots, self.png_level, self.home_files = screenshots, png_level, home_files
+        if recording_frames < 0:
+            raise ValueError(f"recording_frames must be >= 0, got {recording_frames}")
+        self.recording_frames = recording_frames
         self.cache: SessionCache | None = None
         self._init_state()
 
@@ -257,6 +263,7 @@ class DesktopApp(WorkspaceApp):
         self.order: list[str] = ["terminal"]  # window keys, bottom to top; the last is active
         self.versions: dict[str, int] = {"terminal": 0}
         self.compositor = Compositor(self.window_w, self.window_h)
+        self.recording: list[bytes] = []  # the screen recorder's last frames, raw RGB
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def setup(self, ctx: AppContext) -> None:
@@ -391,8 +398,13 @@ class DesktopApp(WorkspaceApp):
     def observe(self, obs: Observation) -> Observation:
         data = dict(obs.data)
         data["a11y"] = self.a11y()
-        if self.screenshots:
-            data["screenshot"] = self.compositor.screenshot(self._windows(), self.active, self.png_level)
+        if self.screenshots or self.recording_frames:
+            png = self.compositor.screenshot(self._windows(), self.active, self.png_level)
+            if self.screenshots:
+                data["screenshot"] = png
+            if self.recording_frames and self.compositor.last_frame is not None:
+                self.recording.append(self.compositor.last_frame.tobytes())
+                del self.recording[:-self.recording_frames]
         return Observation(output=obs.output, exit_code=obs.exit_code, error=obs.error, data=data)
 
     def _screen_after(self, name: str, fn: Tool) -> Tool:

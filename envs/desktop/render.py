@@ -64,6 +64,7 @@ class Compositor:
         self.window_w, self.window_h = window_w, window_h
         self.textures: dict[str, tuple[int, str, bool, Image.Image]] = {}
         self._background: Image.Image | None = None
+        self.last_frame: Image.Image | None = None
 
     def texture(self, win: Window, active: bool) -> Image.Image:
         cached = self.textures.get(win.key)
@@ -123,7 +124,7 @@ class Compositor:
                     draw.text((x0 + head_w + c * cell_w + 4, y + 3), text, font=font(), fill=(20, 20, 20, 255))
 
     def screenshot(self, windows: list[Window], active: str | None, png_level: int = 1) -> bytes:
-        """Composite ``windows`` (bottom to top) into a 1920x1080 PNG."""
+        """Composite ``windows`` (bottom to top) into a 1920x1080 PNG (``last_frame`` keeps the RGB image)."""
         if self._background is None:
             self._background = background()
         frame = self._background.copy()
@@ -138,6 +139,8 @@ class Compositor:
             draw.rectangle([x, SCREEN_H - TASKBAR + 6, x + 220, SCREEN_H - 6],
                            fill=ACTIVE_TITLE if win.key == active else IDLE_TITLE)
             draw.text((x + 8, SCREEN_H - TASKBAR + 12), win.title[:26], font=font(), fill=(255, 255, 255, 255))
+        rgb = frame.convert("RGB")
+        self.last_frame = rgb
         out = io.BytesIO()
-        frame.convert("RGB").save(out, format="PNG", compress_level=png_level)
+        rgb.save(out, format="PNG", compress_level=png_level)
         return out.getvalue()
