@@ -16,7 +16,7 @@ from bunshin.envs.desktop import tasks as gen
 from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.suites.base import SuiteTask
 
-SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"]}
+SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"], "recording_frames": 2}
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +205,21 @@ async def test_the_first_observation_has_terminal_windows_and_a_1920x1080_screen
     assert step.data["screenshot"] != obs.data["screenshot"]
     again = await ws.execute(C("_screen"))
     assert again.data["screenshot"] == (await ws.execute(C("_screen"))).data["screenshot"]  # deterministic
+
+
+@pytest.mark.asyncio
+async def test_the_session_cache_is_shared_by_forks_and_steps_grow_private_memory(runtime) -> None:
+    suite = DesktopSuite(cache_mb=96, index_roots=["/usr/lib/python3.11"], recording_frames=4)
+    ws = await runtime.create(suite.app())
+    after_setup = ws.memory()
+    assert after_setup.rss > 96 << 20 and after_setup.anon_huge > 64 << 20  # the cache is resident, in huge pages
+    clone = await ws.fork()
+    right_after = clone.memory().private
+    for i in range(4):  # each step keeps a recorded frame (6 MiB) and re-rendered textures: private growth
+        await run(clone, [C("terminal", command=f"echo step {i}")])
+    grown = clone.memory().private - right_after
+    assert 4 * 6 << 20 <= grown < 96 << 20, grown / 2**20
+    before = clone.memory().private  # the recorder is full: steps now replace frames
+    for query in ["json", "decoder", "__init__.py", "unittest", "zzz-none"] * 2:  # reading the cache copies nothing
+        assert (await clone.execute(C("search_files", query=query))).error is None
+    assert clone.memory().private - before < 16 << 20

@@ -39,6 +39,13 @@ def test_real_shaped_file_loads(tmp_path: Path) -> None:
     (lambda d: d["config"].append({"type": "download", "parameters": {"files": []}}),
      "config[2] downloads from the internet"),
     (lambda d: d["config"].append({"type": "chrome_open_tabs"}), "config[2].type 'chrome_open_tabs' is not supported"),
+    (lambda d: d["config"].append({"type": "launch", "parameters": {"command": ["google-chrome", "--x"]}}),
+     "config[2].parameters.command launches 'google-chrome'"),
+    (lambda d: d["config"].append({"type": "execute", "parameters": {}}),
+     "config[2].parameters.command must be a non-empty string or list of strings"),
+    (lambda d: d["config"].append({"type": "open", "parameters": {"file": "x"}}), "config[2].parameters.path"),
+    (lambda d: d["evaluator"].__setitem__("postconfig", [{"type": "launch", "parameters": {"command": "vlc x"}}]),
+     "evaluator.postconfig[0].parameters.command launches 'vlc'"),
     (lambda d: d["evaluator"].__setitem__("func", "compare_pptx_files"), "evaluator.func ['compare_pptx_files']"),
     (lambda d: d["evaluator"]["result"].__setitem__("type", "vlc_playing_info"),
      "evaluator.result[0].type 'vlc_playing_info' is not supported"),
@@ -51,6 +58,14 @@ def test_unsupported_files_are_refused_naming_the_field(tmp_path: Path, mutate, 
     with pytest.raises(TaskFileError) as info:
         ow.load_task(path)
     assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_supported_launch_and_open_steps_load(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(TASK))
+    data["config"] += [{"type": "launch", "parameters": {"command": ["/usr/bin/gedit", "/home/user/a.txt"]}},
+                       {"type": "launch", "parameters": {"command": "libreoffice --calc /home/user/b.csv"}},
+                       {"type": "open", "parameters": {"path": "/home/user/b.csv"}}]
+    assert [s.type for s in ow.load_task(write(tmp_path, data)).config][-3:] == ["launch", "launch", "open"]
 
 
 def test_infeasible_task(tmp_path: Path) -> None:

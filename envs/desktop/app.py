@@ -29,19 +29,24 @@ no re-opening).
 
 Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 
-- ``cache_mb=192``: size of the session cache in a ``HugeHeap`` (anonymous THP memory, built in ``setup()``,
+- ``cache_mb=128``: size of the session cache in a ``HugeHeap`` (anonymous THP memory, built in ``setup()``,
   identical in every workspace, only read afterwards so forks keep sharing it): the file-search index of
   ``index_roots`` (paths, like locate's database, ~10 MiB for Debian's /usr), a glyph cache (ASCII glyph masks of
   the UI font at 16 sizes, rendered with Pillow) and an icon cache (128x128 RGBA icons) filling the rest.
-  The cache never shrinks below index + glyphs. At 192 the host process's RSS after setup is ~250 MB.
+  The cache never shrinks below index + glyphs. Measured host RSS after setup: ~218 MiB at 128 (PSS ~207),
+  ~282 MiB at 192; building it takes ~3 s (walking /usr is most of it).
 - ``index_roots=("/usr",)``: what the file-search index covers (tests pass a small directory to start faster).
 - ``window_w=1100, window_h=700``: size of each window's RGBA texture (3 MiB at the default), re-rendered whenever
   the window changes: each step that changes a window allocates a fresh private texture.
 - ``scrollback_lines=10000``: terminal scrollback kept; ``undo_depth=1000``: editor undo steps kept per buffer
   (each a full copy of the buffer's lines).
 - ``screenshots=True``: every agent tool's observation carries a PNG screenshot (``png_level=1``: zlib level).
-- ``recording_frames=8``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
-  raw (1920x1080 RGB, 6 MiB each) after every agent step: the main private growth of a sample's first steps.
+- ``recording_frames=16``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
+  raw (1920x1080 RGB, 6 MiB each), one per agent step: the main private growth of a sample's first steps.
+
+Measured with the defaults (two forks of one started task, 10 different steps each): each sample's RSS ~282 MiB,
+private ~105 MiB; 71% of a sample's resident pages are identical by content to the other's, 61% physically shared.
+Smaller ``cache_mb`` or more growth per step (bigger windows, more frames) lowers both.
 """
 
 from __future__ import annotations
@@ -237,10 +242,10 @@ def directory_tree(path: str) -> dict[str, Any]:
 
 
 class DesktopApp(WorkspaceApp):
-    def __init__(self, cache_mb: float = 192, index_roots: tuple[str, ...] | list[str] = ("/usr",),
+    def __init__(self, cache_mb: float = 128, index_roots: tuple[str, ...] | list[str] = ("/usr",),
                  window_w: int = 1100, window_h: int = 700, scrollback_lines: int = 10_000,
                  undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True,
-                 recording_frames: int = 8):
+                 recording_frames: int = 16):
         if cache_mb < 0:
             raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         if not (200 <= window_w <= 1800 and 150 <= window_h <= 1000):

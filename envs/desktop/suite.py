@@ -13,8 +13,8 @@ form ``<tool>: <text>`` for the tools whose one argument is text: ``terminal: ls
 ``WAIT: 2`` (seconds). The null attempt is ``DONE`` at once; ``FAIL`` is giving up (1 only on infeasible tasks).
 
 Knobs (constructor keywords): ``tasks_dir`` (default: the committed tasks) and every ``DesktopApp`` knob
-(``cache_mb=192``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
-``screenshots``, ``png_level``), passed to each workspace's app.
+(``cache_mb=128``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
+``screenshots``, ``png_level``, ``recording_frames=16``), passed to each workspace's app.
 """
 
 from __future__ import annotations
