@@ -157,8 +157,9 @@ async def test_malformed_actions_give_an_error_and_the_desktop_goes_on(runtime, 
     for call, message in cases:
         obs = await ws.execute(call)
         assert obs.error and message in obs.error, (call, obs.error)
-    await run(ws, [C("terminal", command="ln -s /var/lib/desktop ~/sneaky")])
+    await run(ws, [C("terminal", command="ln -s /var/lib/desktop ~/sneaky && mkfifo ~/pipe")])
     assert "permission denied" in (await ws.execute(C("editor_open", path="~/sneaky/x"))).error
+    assert "not a regular file" in (await ws.execute(C("editor_open", path="~/pipe"))).error  # and no hang
     await run(ws, [C("sheet_open", path="~/Documents/budget.csv")])
     for call, message in [
         (C("sheet_set", cell="A0", value="1"), "'A0' is not a cell name"),

@@ -198,17 +198,40 @@ def resolve_user_path(path: str) -> str:
     return real
 
 
-def _read_text(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ToolError(f"{path}: no such file") from None
-    if stat.S_ISDIR(st.st_mode):
+def _open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
+    """Open a resolved absolute path walking it one component at a time without following any symlink: an agent
+    that swaps a directory for a symlink after the path was checked makes the open fail instead of redirecting a
+    root-owned write (or read) outside its files."""
+    parts = [p for p in path.split("/") if p]
+    if not parts:
         raise ToolError(f"{path} is a directory")
-    if st.st_size > MAX_FILE:
-        raise ToolError(f"{path} is too large to open ({st.st_size} bytes)")
-    with open(path, "rb") as f:
-        data = f.read()
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+    except FileNotFoundError:
+        raise ToolError(f"{path}: no such file or directory") from None
+    except IsADirectoryError:
+        raise ToolError(f"{path} is a directory") from None
+    except OSError as exc:
+        raise ToolError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: str) -> str:
+    fd = _open_nofollow(path, os.O_RDONLY)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ToolError(f"{path} is a directory" if stat.S_ISDIR(st.st_mode) else f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > MAX_FILE:
+            raise ToolError(f"{path} is too large to open ({st.st_size} bytes)")
+        data = f.read(MAX_FILE + 1)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -216,16 +239,17 @@ def _read_text(path: str) -> str:
 
 
 def _write_text(path: str, text: str) -> None:
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise ToolError(f"{parent}: no such directory")
-    existed = os.path.exists(path)
-    if existed and os.path.isdir(path):
+    if os.path.isdir(path):
         raise ToolError(f"{path} is a directory")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    if not existed:
-        os.chown(path, AGENT_UID, AGENT_GID)
+    existed = os.path.exists(path)
+    fd = _open_nofollow(path, os.O_WRONLY | os.O_CREAT)
+    with os.fdopen(fd, "wb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ToolError(f"{path} is not a regular file")
+        f.truncate(0)
+        f.write(text.encode("utf-8"))
+        if not existed:
+            os.fchown(f.fileno(), AGENT_UID, AGENT_GID)
 
 
 def directory_tree(path: str) -> dict[str, Any]:
