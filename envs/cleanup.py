@@ -2,6 +2,9 @@
 
 Owns: deciding that a run is dead (its engine's PID is gone or belongs to a newer process) and removing what it
 left: processes (through its cgroups), the pool mount and its loop device, the run directory.
+Every engine also registers its run in a machine-wide directory (``ENGINES``), whatever its state directory: a
+``bunshin-*`` cgroup belongs to a live run if its engine is registered and alive, so engines with different state
+directories (a test suite and a benchmark, say) never remove each other's cgroups.
 Must never: touch a run whose engine is alive.
 """
 
@@ -25,6 +28,49 @@ def process_start_time(pid: int) -> int | None:
 
 
 STAGING_GRACE_S = 60.0
+ENGINES = Path("/run/bunshin/engines")  # tmpfs: emptied at boot, when every run is dead anyway
+
+
+def engine_record(run_id: str, pid: int) -> str:
+    return json.dumps({"pid": pid, "start_time": process_start_time(pid), "run_id": run_id})
+
+
+def register(run_id: str, record: str) -> None:
+    """Announce a live run to every engine on this machine (before its cgroups exist)."""
+    ENGINES.mkdir(parents=True, exist_ok=True)
+    staging = ENGINES / f".{run_id}"
+    staging.write_text(record)
+    staging.rename(ENGINES / run_id)
+
+
+def unregister(run_id: str) -> None:
+    (ENGINES / run_id).unlink(missing_ok=True)
+
+
+def registered_live_runs() -> set[str]:
+    """Run ids registered by engines that are still alive; records of dead engines are removed."""
+    live = set()
+    if ENGINES.is_dir():
+        for entry in ENGINES.iterdir():
+            if entry.name.startswith("."):
+                if time.time() - entry.stat().st_mtime > STAGING_GRACE_S:
+                    entry.unlink(missing_ok=True)
+                continue
+            if _record_alive(entry):
+                live.add(entry.name)
+            else:
+                entry.unlink(missing_ok=True)
+    return live
+
+
+def _record_alive(path: Path) -> bool:
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        return True  # being written
+    return process_start_time(int(info["pid"])) == info.get("start_time")
 
 
 def _engine_alive(run_dir: Path) -> bool:
@@ -47,11 +93,14 @@ def remove_stale_runs(state_dir: Path) -> list[str]:
     """Remove every dead run under ``state_dir`` and every ``bunshin-*`` cgroup without a live run."""
     removed: list[str] = []
     runs_dir = state_dir / "runs"
-    live: set[str] = set()
+    live: set[str] = registered_live_runs()
     dead: list[Path] = []
     if runs_dir.is_dir():
         for run_dir in sorted(runs_dir.iterdir()):
-            (live.add(run_dir.name) if _engine_alive(run_dir) else dead.append(run_dir))
+            if _engine_alive(run_dir):
+                live.add(run_dir.name)
+            elif run_dir.name not in live:
+                dead.append(run_dir)
     try:
         layout = CgroupLayout.detect()
     except CgroupUnavailable:

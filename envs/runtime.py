@@ -9,7 +9,6 @@ Must never: leave a process, mount, cgroup or layer behind when ``close()`` retu
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import shutil
@@ -22,7 +21,7 @@ from typing import Any
 
 from .cgroups import AGENT_GROUP, Cgroup, CgroupLayout
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
-from .cleanup import process_start_time, remove_stale_runs
+from .cleanup import engine_record, register, remove_stale_runs, unregister
 from .errors import HostUnsupported, WorkspaceStartFailed
 from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
 from .layers import LayerStore
@@ -72,8 +71,9 @@ class WorkspaceRuntime:
         # moment never sees it half-made (and so dead).
         staging = self.run_dir.with_name(f".{self.run_id}")
         staging.mkdir(parents=True)
-        (staging / "engine.json").write_text(json.dumps(
-            {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "run_id": self.run_id}))
+        record = engine_record(self.run_id, os.getpid())
+        (staging / "engine.json").write_text(record)
+        register(self.run_id, record)
         staging.rename(self.run_dir)
         self._started = True
         try:
@@ -130,6 +130,7 @@ class WorkspaceRuntime:
         if hasattr(self, "layers"):
             await step(asyncio.to_thread(self.layers.destroy_pool))
         await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
+        unregister(self.run_id)
         if errors:
             raise errors[0]
 

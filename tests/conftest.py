@@ -64,6 +64,8 @@ def leftovers(run_id: str, run_dir: Path, ignore: frozenset[int] = frozenset()) 
             found.append(f"cgroup {root / f'bunshin-{run_id}'}")
     if run_dir.exists():
         found.append(f"directory {run_dir}")
+    if (Path("/run/bunshin/engines") / run_id).exists():
+        found.append(f"engine record /run/bunshin/engines/{run_id}")
     found += [f"host process {pid}" for pid in host_processes() if pid not in ignore]
     found += [f"unreaped child {pid}" for pid in zombie_children()]
     return found

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import numpy as np
 from PIL import Image
 
+from bunshin.envs.browser import dom
 from bunshin.envs.browser.actions import format_action, parse_action, validate_call
 from bunshin.envs.browser.browser import Browser, BrowserError
 from bunshin.envs.browser.dom import SelectorError, form_fields, outer_text, parse_html
@@ -61,6 +63,7 @@ class Shop:
     """The test server's state: every request it saw and the carts by session."""
 
     requests: list[tuple[str, str, str, str]] = field(default_factory=list)  # method, path, cookie, body
+    images: list[str] = field(default_factory=list)  # image paths asked for (kept apart from page requests)
     carts: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     sessions: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,6 +97,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/media/"):
+            return self._image()
         self.shop.requests.append(("GET", self.path, self.headers.get("Cookie") or "", ""))
         path, query = pages.query_of(self.path)
         session, _ = self._session()
@@ -110,7 +115,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self._answer(200, pages.category(c, path, items, len(items), 1, 1, "position", "asc"))
         for i in range(len(PRODUCTS)):
             if path == product_url(i):
-                return self._answer(200, pages.product_page(PRODUCTS[i], [], "/media/p.png"))
+                return self._answer(200, pages.product_page(PRODUCTS[i], []))
         if path == "/checkout/cart/":
             rows = [(_Linked(PRODUCTS[i], product_url(i)), qty) for i, qty in self.shop.carts.get(session, [])]
             return self._answer(200, pages.cart(rows))
@@ -121,6 +126,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query, keep_blank_values=True))
             return self._answer(200, f"<html><head><title>Thanks</title></head><body><ul>{fields}</ul></body></html>")
         return self._answer(404, pages.not_found(path))
+
+    def _image(self) -> None:
+        self.shop.images.append(self.path)
+        if "b000" not in self.path:
+            return self._answer(404, pages.not_found(self.path))
+        seed = int(self.path.rsplit("/", 1)[1].split(".")[0][1:])
+        pixels = np.random.default_rng(seed).integers(0, 256, size=(48, 48, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG")
+        data = buffer.getvalue()
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
@@ -428,10 +448,11 @@ def test_rasters_kept_per_history_entry_grow_memory(server: tuple[str, Shop]) ->
     for page in b.tab.history:
         assert page.raster is not None and page.raster.dtype.name == "uint8"
         assert page.raster.shape[1:] == (1280, 3) and page.raster.shape[0] >= 720
-    assert b.raster_bytes() == sum(p.raster.nbytes for p in b.tab.history if p.raster is not None)
+    assert b.raster_bytes() == sum(p.raster.nbytes + sum(i.nbytes for i in p.images) for p in b.tab.history
+                                   if p.raster is not None)
     long_page = Browser(server[0] + "/catalogsearch/result/?q=the")
     assert long_page.page.raster is not None and long_page.page.raster.shape[0] > 720  # grows with the page
-    light = Browser(server[0] + "/", keep_rasters=False)
+    light = Browser(server[0] + "/", keep_rasters=False, load_images=False)
     do(light, f"goto [{product_url(0)}]")
     assert light.raster_bytes() == 0 and _png(light.observe().data["screenshot"]).size == (1280, 720)
     for x in (b, long_page, light):
@@ -641,3 +662,33 @@ CALLS = st.one_of(
 @given(CALLS)
 def test_format_then_parse_round_trips(call: ToolCall) -> None:
     assert parse_action(format_action(call)) == call
+
+
+def test_images_are_decoded_at_their_displayed_size_and_kept_with_the_page(server: tuple[str, Shop]) -> None:
+    b = Browser(server[0] + "/", device_scale=2.0)
+    do(b, f"goto [{product_url(3)}]")
+    product = b.page
+    assert [i.shape for i in product.images] == [(1400, 1400, 4)]  # 700x700 CSS px at device scale 2, RGBA
+    assert server[1].images[-1].endswith(f"{PRODUCTS[3].sku.lower()}.png")
+    do(b, f"goto [{product_url(4)}]")
+    assert not np.array_equal(b.page.images[0], product.images[0])  # another product, other pixels
+    do(b, "go_back")
+    assert b.page is product and len(product.images) == 1  # the back/forward cache keeps them
+    plain = Browser(server[0] + "/", load_images=False)
+    do(plain, f"goto [{product_url(3)}]")
+    assert plain.page.images == []
+    for x in (b, plain):
+        x.close()
+
+
+def test_a_broken_image_does_not_break_its_page(server: tuple[str, Shop]) -> None:
+    b = Browser(server[0] + "/")
+    b.act(ToolCall(name="goto", args={"url": "/contact/"}))
+    doc = b.page.document
+    from bunshin.envs.browser import images
+
+    img = dom.parse_html('<html><body><img src="/media/missing.png" width="10" height="10"></body></html>')
+    assert images.decode_images(img, lambda src: b._fetch_image(b.current_url(), src), 2.0) == []
+    assert images.decode_images(img, lambda src: b"not a png", 2.0) == []
+    assert doc is b.page.document
+    b.close()

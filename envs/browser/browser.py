@@ -12,8 +12,9 @@ cannot be reached; the message is written for the agent).
 - A tab is a list of history entries (``Page``) and a current index. A navigation drops the forward entries and
   appends; ``go_back``/``go_forward`` re-show the cached entry without a request (bfcache), with its scroll
   position, focus and typed form values. Each entry keeps its decoded page: the DOM, the laid-out accessibility
-  tree and, with ``keep_rasters``, the full-page raster (``H x 1280 x 3`` bytes: the browser's memory grows with
-  every page visited, which is what makes a rollout's workspace diverge from its siblings).
+  tree, with ``keep_rasters`` the full-page raster (``H x 1280 x 3`` bytes) and, with ``load_images``, the page's
+  images decoded at their displayed size in device pixels (``device_scale``, 2 as on a HiDPI screen): the browser's
+  memory grows with every page visited, which is what makes a rollout's workspace diverge from its siblings.
 - The viewport is ``viewport[1] // LINE_HEIGHT`` lines of the tree (36 for 720 px); ``scroll`` moves one viewport,
   clamped to the page, like ``scrollTop += innerHeight``. Same page state, same text, ids and pixels.
 Must never: import the shop (it only speaks HTTP), run scripts, or perform ``stop`` (the suite's final action).
@@ -36,7 +37,7 @@ import numpy as np
 
 from ..records import Observation, ToolCall
 from ..suites.base import ActionError
-from . import accessibility, dom, screenshot
+from . import accessibility, dom, images, screenshot
 from .accessibility import LINE_HEIGHT
 from .actions import validate_call
 
@@ -66,6 +67,7 @@ class Page:
     focused: int | None = None
     select_all: bool = False  # Control/Meta+a pressed in the focused field: the next Backspace clears it
     raster: np.ndarray | None = None
+    images: list[np.ndarray] = field(default_factory=list)  # decoded <img>s at their displayed size
     _tree: accessibility.Tree | None = field(default=None, repr=False)
     _raster_stale: bool = True
 
@@ -99,12 +101,14 @@ class Browser:
     """A text browser over HTTP with WebArena's action set; see the module docstring."""
 
     def __init__(self, start_url: str, *, viewport: tuple[int, int] = (1280, 720), screenshots: bool = True,
-                 keep_rasters: bool = True, timeout_s: float = 10.0):
+                 keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
+                 timeout_s: float = 10.0):
         self.start_url = start_url
         self.viewport = (int(viewport[0]), int(viewport[1]))
         self.lines_per_viewport = max(1, self.viewport[1] // LINE_HEIGHT)
         self.screenshots = screenshots
         self.keep_rasters = keep_rasters
+        self.load_images, self.device_scale = load_images, float(device_scale)
         self.timeout_s = timeout_s
         self.cookies = http.cookiejar.CookieJar()
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
@@ -215,8 +219,9 @@ class Browser:
         return dom.outer_text(node) if node is not None else ""
 
     def raster_bytes(self) -> int:
-        """Bytes of page rasters kept in every tab's history (the back/forward cache)."""
-        return sum(p.raster.nbytes for t in self.tabs for p in t.history if p.raster is not None)
+        """Bytes of page rasters and decoded images kept in every tab's history (the back/forward cache)."""
+        return sum((p.raster.nbytes if p.raster is not None else 0) + sum(i.nbytes for i in p.images)
+                   for t in self.tabs for p in t.history)
 
     def close(self) -> None:
         self.tabs = []
@@ -278,6 +283,19 @@ class Browser:
         document = dom.parse_html(text)
         return final, int(status), document, dom.page_title(document)
 
+    def _fetch_image(self, page_url: str, src: str) -> bytes | None:
+        """An image's bytes, with the browser's cookies; None when it cannot be loaded (a broken image)."""
+        url = urllib.parse.urljoin(page_url, src)
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            return None
+        request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, "Accept": "image/*"})
+        self.requests += 1
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                return response.read(MAX_BODY) if response.status == 200 else None
+        except (urllib.error.URLError, http.client.HTTPException, OSError):
+            return None
+
     def _navigate(self, tab: Tab, url: str, data: bytes | None = None) -> None:
         current = tab.page
         target, fragment = urllib.parse.urldefrag(url)
@@ -288,6 +306,9 @@ class Browser:
         page = Page(url=final, status=status, document=document, title=title or (final if final != BLANK else ""))
         if fragment:
             self._scroll_to_fragment(page, fragment)
+        if self.load_images:
+            page.images = images.decode_images(document, lambda src: self._fetch_image(final, src),
+                                               self.device_scale)
         del tab.history[tab.index + 1:]
         if len(tab.history) == 1 and tab.history[0].url == BLANK:
             tab.history[0] = page  # a fresh tab's initial blank page is replaced, as browsers do

@@ -27,12 +27,14 @@ _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 
 class ShopApp(WorkspaceApp):
     def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 48,
-                 screenshots: bool = True, keep_rasters: bool = True):
+                 screenshots: bool = True, keep_rasters: bool = True, load_images: bool = True,
+                 device_scale: float = 2.0):
         if catalog_size < 1:
             raise ValueError(f"catalog_size must be >= 1, got {catalog_size}")
         self.server_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "port": port,
                               "image_px": image_px}
-        self.browser_kwargs = {"screenshots": screenshots, "keep_rasters": keep_rasters}
+        self.browser_kwargs = {"screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
+                               "device_scale": device_scale}
 
     def setup(self, ctx: AppContext) -> None:
         self.server: WorkerHandle = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)
@@ -70,7 +72,10 @@ class ShopApp(WorkspaceApp):
         match = _TARGET.match(target)
         if not match:
             raise ToolError(f"element target {target!r} is not of the form @role 'name'")
-        element_id = self.browser.find(match.group(1), match.group(3))
+        role, name = match.group(1), match.group(3)
+        tree = self.browser.page.tree
+        element_id = next((line.node_id for line in (tree.root, *tree.lines)
+                           if line.role == role and name in (line.name, line.placeholder)), None)
         if element_id is None:
             raise ToolError(f"no element {target!r} on {self.browser.current_url()}")
         return Observation(output=str(element_id), data={"element_id": element_id})

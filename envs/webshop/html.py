@@ -34,6 +34,12 @@ def money(cents: int) -> str:
     return f"${cents // 100:,}.{cents % 100:02d}"
 
 
+def image_url(sku: str) -> str:
+    """Magento serves product images below /media/catalog/product/; sizes are set where they are shown (Luma's:
+    240x300 in listings, 165x165 in the cart, 700x700 on the product page)."""
+    return f"/media/catalog/product/{sku.lower()}.png"
+
+
 def order_url(order_id: int) -> str:
     return f"/sales/order/view/order_id/{order_id}/"
 
@@ -54,7 +60,8 @@ def _page(title: str, body: str, message: str = "") -> str:
 
 def _items(products: list[Any]) -> str:  # products with a .url
     rows = "".join(
-        f"<li class=\"item product product-item\"><a class=\"product-item-link\" href=\"{p.url}\">"
+        f"<li class=\"item product product-item\"><img class=\"product-image-photo\" src=\"{image_url(p.sku)}\" "
+        f"width=\"240\" height=\"300\" alt=\"\"><a class=\"product-item-link\" href=\"{p.url}\">"
         f"{e(p.name)}</a><span class=\"price\">{p.price}</span><div class=\"rating-summary\">"
         f"<span class=\"rating-result\">Rating: {p.rating}</span><span class=\"reviews-actions\">"
         f"{len(p.reviews)} Reviews</span></div></li>" for p in products)
@@ -103,7 +110,7 @@ def category(name: str, url: str, products: list[Any], total: int, page: int, pa
     return _page(name.split("/")[-1], f"{toolbar}{_items(products)}{_pager(url, query, page, pages)}")
 
 
-def product_page(p: Product, customer_reviews: list[CustomerReview], image_url: str, message: str = "") -> str:
+def product_page(p: Product, customer_reviews: list[CustomerReview], message: str = "") -> str:
     attributes = "".join(f"<tr><th class=\"col label\">{e(k.title())}</th><td class=\"col data\">{e(v)}</td></tr>"
                          for k, v in p.attributes.items())
     mine = "".join(
@@ -129,7 +136,8 @@ def product_page(p: Product, customer_reviews: list[CustomerReview], image_url: 
         f"type=\"text\" placeholder=\"Summary\"><label for=\"review\">Review</label>"
         f"<textarea id=\"review\" name=\"detail\" placeholder=\"Review\"></textarea></fieldset>"
         f"<button type=\"submit\" class=\"action submit primary\">Submit Review</button></form>")
-    body = (f"<div class=\"product media\"><img class=\"gallery-placeholder\" src=\"{image_url}\" alt=\"{e(p.name)}\">"
+    body = (f"<div class=\"product media\"><img class=\"gallery-placeholder\" src=\"{image_url(p.sku)}\" "
+            f"width=\"700\" height=\"700\" alt=\"{e(p.name)}\">"
             f"</div><div class=\"product-info-main\"><div class=\"product-info-price\"><span class=\"price\">{p.price}"
             f"</span></div><div class=\"product attribute sku\"><strong class=\"type\">SKU</strong>"
             f"<div class=\"value\">{e(p.sku)}</div></div>"
@@ -152,7 +160,8 @@ def cart(rows: list[tuple[Any, int]], message: str = "") -> str:
         return _page("Shopping Cart", "<div class=\"cart-empty\">You have no items in your shopping cart.</div>",
                      message)
     items = "".join(
-        f"<tr class=\"item-info\"><td class=\"col item\"><a class=\"product-item-link\" href=\"{p.url}\">"
+        f"<tr class=\"item-info\"><td class=\"col item\"><img class=\"product-image-photo\" "
+        f"src=\"{image_url(p.sku)}\" width=\"165\" height=\"165\" alt=\"\"><a class=\"product-item-link\" href=\"{p.url}\">"
         f"{e(p.name)}</a></td><td class=\"col price\"><span class=\"price\">{p.price}</span></td>"
         f"<td class=\"col qty\">Qty: {qty}</td><td class=\"col actions\">"
         f"<form action=\"/checkout/cart/delete/\" method=\"post\"><input type=\"hidden\" name=\"sku\" "

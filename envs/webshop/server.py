@@ -165,8 +165,7 @@ class ShopServer(WorkerApp):
 
     def _product(self, doc: int, message: str = "") -> str:
         p = self.catalog[doc]
-        return pages.product_page(p, self.store.reviews(p.sku), f"/media/catalog/product/{p.sku.lower()}.png",
-                                  message)
+        return pages.product_page(p, self.store.reviews(p.sku), message)
 
     def _doc(self, sku: str) -> int | None:
         """The catalog index of a SKU (``b000001234``, any case), or None."""

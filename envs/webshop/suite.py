@@ -30,10 +30,13 @@ class WebShopSuite(Suite):
 
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 48, screenshots: bool = True,
-                 keep_rasters: bool = True, tasks_dir: str | Path | None = None,
+                 keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
+                 tasks_dir: str | Path | None = None,
                  judge: webarena.Judge = webarena.token_overlap_judge):
         self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
-                           "screenshots": screenshots, "keep_rasters": keep_rasters}
+                           "screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
+                           "device_scale": device_scale}
+        self.knobs = dict(self.app_kwargs)
         self.catalog = (catalog_size, catalog_seed)
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None
         self.judge = judge
