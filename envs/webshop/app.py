@@ -26,7 +26,7 @@ _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 
 
 class ShopApp(WorkspaceApp):
-    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 48,
+    def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 40,
                  screenshots: bool = True, keep_rasters: bool = True, load_images: bool = True,
                  device_scale: float = 2.0):
         if catalog_size < 1:

@@ -110,7 +110,8 @@ def category(name: str, url: str, products: list[Any], total: int, page: int, pa
     return _page(name.split("/")[-1], f"{toolbar}{_items(products)}{_pager(url, query, page, pages)}")
 
 
-def product_page(p: Product, customer_reviews: list[CustomerReview], message: str = "") -> str:
+def product_page(p: Product, customer_reviews: list[CustomerReview], message: str = "",
+                 related: list[Any] | None = None) -> str:
     attributes = "".join(f"<tr><th class=\"col label\">{e(k.title())}</th><td class=\"col data\">{e(v)}</td></tr>"
                          for k, v in p.attributes.items())
     mine = "".join(
@@ -151,6 +152,9 @@ def product_page(p: Product, customer_reviews: list[CustomerReview], message: st
             f"<table class=\"data table additional-attributes\">{attributes}</table>"
             f"<div id=\"reviews\" class=\"product-review-container\"><h2 class=\"block-title\">Customer Reviews</h2>"
             f"<ol class=\"items review-items\">{mine}{theirs}</ol>{review_form}</div>")
+    if related:
+        body += (f"<div class=\"block related\"><strong class=\"block-title\">Related Products</strong>"
+                 f"{_items(related)}</div>")
     return _page(p.name, body, message)
 
 

@@ -29,6 +29,7 @@ from .search import SearchIndex
 from .store import ADDRESS_FIELDS, Address, OrderItem, Store, order_history
 
 PAGE_SIZE = 12
+RELATED = 4
 MAX_PAGES = 20  # listings and search results stop after 240 items, as a shop's toolbar does
 HTML, JSON = "text/html; charset=utf-8", "application/json"
 _SKU = re.compile(r"^b\d{10}$")
@@ -46,7 +47,7 @@ def product_path(catalog: Catalog, index: int) -> str:
 
 class ShopServer(WorkerApp):
     def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770,
-                 db_path: str = "/var/lib/shop/shop.db", image_px: int = 48):
+                 db_path: str = "/var/lib/shop/shop.db", image_px: int = 40):
         self.catalog_size, self.catalog_seed, self.port = catalog_size, catalog_seed, port
         self.db_path, self.image_px = db_path, image_px
 
@@ -165,7 +166,13 @@ class ShopServer(WorkerApp):
 
     def _product(self, doc: int, message: str = "") -> str:
         p = self.catalog[doc]
-        return pages.product_page(p, self.store.reviews(p.sku), message)
+        return pages.product_page(p, self.store.reviews(p.sku), message, [self._with_url(d) for d in self._related(doc)])
+
+    def _related(self, doc: int) -> list[int]:
+        """Luma's "Related Products" block: the next products of the same category."""
+        _, docs = self.by_category[pages.category_url(self.catalog[doc].category)]
+        at = int(np.searchsorted(docs, doc))
+        return [int(docs[(at + k) % len(docs)]) for k in range(1, min(RELATED, len(docs) - 1) + 1)]
 
     def _doc(self, sku: str) -> int | None:
         """The catalog index of a SKU (``b000001234``, any case), or None."""

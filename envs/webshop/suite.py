@@ -26,10 +26,16 @@ _SYMBOLIC = re.compile(r"\[(@\w+ '(?:[^'\\]|\\.)*')\]")
 
 
 class WebShopSuite(Suite):
+    """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
+    products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
+    ``device_scale`` 2 (the browser decodes images at displayed size x 2, RGBA, kept per visited page);
+    ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``."""
+
     name = "webshop"
+    sharing_template = "add_to_cart"  # the group ``bunshin bench sharing`` plays by default
 
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
-                 catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 48, screenshots: bool = True,
+                 catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
                  keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
                  tasks_dir: str | Path | None = None,
                  judge: webarena.Judge = webarena.token_overlap_judge):
