@@ -224,3 +224,35 @@ async def test_the_session_cache_is_shared_by_forks_and_steps_grow_private_memor
     for query in ["json", "decoder", "__init__.py", "unittest", "zzz-none"] * 2:  # reading the cache copies nothing
         assert (await clone.execute(C("search_files", query=query))).error is None
     assert clone.memory().private - before < 16 << 20
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_every_tasks_reference_scores_1_and_its_null_attempt_0(runtime, suite: DesktopSuite,
+                                                                    request: pytest.FixtureRequest) -> None:
+    """All the committed tasks, each in a fork of one set-up desktop (once, on one event loop)."""
+    if "uvloop" in request.node.name:
+        pytest.skip("the event loop does not matter here; one pass over the tasks is enough")
+    base = await runtime.create(suite.app())
+    failures = []
+    for task in suite.tasks():
+        ws = await base.fork()
+        print("TASK", task.template, task.path, flush=True)
+        try:
+            await suite.start(ws, task)
+            null = await ws.fork()
+            try:
+                *steps, final = task.reference
+                for call in steps:
+                    obs = await ws.execute(call)
+                    if obs.error:
+                        failures.append((task.path, call.name, obs.error))
+                score = await suite.evaluate(ws, task, final)
+                null_score = await suite.evaluate(null, task, suite.null_action())
+                if (score, null_score) != (1.0, 0.0):
+                    failures.append((task.path, score, null_score))
+            finally:
+                await null.close()
+        finally:
+            await ws.close()
+    assert not failures, failures

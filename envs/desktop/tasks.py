@@ -326,7 +326,7 @@ def project_tests(i: int, rng: random.Random) -> dict:
                               {"type": "rule", "rules": {"include": ["Ran 6 tests", "\nOK"]}},
                               {"type": "rule", "rules": {"expected": hashes}}]},
                 [call("terminal", command="cd ~/project && python3 -m unittest 2>&1 | tail -n 5"),
-                 call("editor_open", path=path), call("editor_replace", find=bad, replace=good),
+                 call("editor_open", path=path), call("editor_replace", find=bad, replace=good, count=1),
                  call("editor_save"), call("terminal", command="python3 -m unittest"), DONE],
                 "vscode", ["vscode", "terminal"])
 
