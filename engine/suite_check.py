@@ -36,42 +36,42 @@ async def attempt(suite: Suite, base: Workspace, task: SuiteTask, calls: list[An
         await ws.close()
 
 
-async def check(suite: Suite, *, state_dir: str | None = None, concurrency: int = 2,
+async def check(suite: Suite, *, runtime: WorkspaceRuntime | None = None, concurrency: int = 2,
                 limit: int | None = None, log: Any = sys.stderr) -> dict[str, Any]:
+    """Check ``suite`` on ``runtime`` (a new one of the default kind when None)."""
+    if runtime is None:
+        async with WorkspaceRuntime(limits=Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=120)) as rt:
+            return await check(suite, runtime=rt, concurrency=concurrency, limit=limit, log=log)
     tasks = suite.tasks()[:limit]
     report: dict[str, Any] = {"suite": suite.name, "tasks": len(tasks), "oracle_pass": 0, "null_pass": 0,
                               "failures": [], "null_pass_expected": [t.id for t in tasks if t.give_up]}
-    kwargs: dict[str, Any] = {"limits": Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=120)}
-    if state_dir:
-        kwargs["state_dir"] = state_dir
     started = time.monotonic()
-    async with WorkspaceRuntime(**kwargs) as runtime:
-        base = await runtime.create(suite.app())
-        gate = asyncio.Semaphore(concurrency)
-        done = 0
+    base = await runtime.create(suite.app())
+    gate = asyncio.Semaphore(concurrency)
+    done = 0
 
-        async def one(task: SuiteTask) -> None:
-            nonlocal done
-            async with gate:
-                oracle, why = await attempt(suite, base, task, task.reference)
-                null, null_why = await attempt(suite, base, task, [suite.null_action()])
-            report["oracle_pass"] += oracle == 1.0
-            report["null_pass"] += null == 1.0
-            if oracle != 1.0:
-                report["failures"].append({"task": task.id, "template": task.template, "attempt": "oracle",
-                                           "score": oracle, "reason": why or "scored below 1"})
-            if (null == 1.0) != task.give_up:
-                report["failures"].append({"task": task.id, "template": task.template, "attempt": "null",
-                                           "score": null, "reason": null_why or (
-                                               "giving up scored 1" if null == 1.0 else "giving up scored 0")})
-            done += 1
-            print(f"[{done}/{len(tasks)}] {suite.name} task {task.id} ({task.template}): oracle {oracle:g}, "
-                  f"null {null:g}  {time.monotonic() - started:.0f}s", file=log, flush=True)
+    async def one(task: SuiteTask) -> None:
+        nonlocal done
+        async with gate:
+            oracle, why = await attempt(suite, base, task, task.reference)
+            null, null_why = await attempt(suite, base, task, [suite.null_action()])
+        report["oracle_pass"] += oracle == 1.0
+        report["null_pass"] += null == 1.0
+        if oracle != 1.0:
+            report["failures"].append({"task": task.id, "template": task.template, "attempt": "oracle",
+                                       "score": oracle, "reason": why or "scored below 1"})
+        if (null == 1.0) != task.give_up:
+            report["failures"].append({"task": task.id, "template": task.template, "attempt": "null",
+                                       "score": null, "reason": null_why or (
+                                           "giving up scored 1" if null == 1.0 else "giving up scored 0")})
+        done += 1
+        print(f"[{done}/{len(tasks)}] {suite.name} task {task.id} ({task.template}): oracle {oracle:g}, "
+              f"null {null:g}  {time.monotonic() - started:.0f}s", file=log, flush=True)
 
-        try:
-            await asyncio.gather(*(one(t) for t in tasks))
-        finally:
-            await base.close()
+    try:
+        await asyncio.gather(*(one(t) for t in tasks))
+    finally:
+        await base.close()
     report["failures"].sort(key=lambda f: (int(f["task"]) if str(f["task"]).isdigit() else 0, str(f["task"])))
     report["wall_s"] = round(time.monotonic() - started, 1)
     return report
