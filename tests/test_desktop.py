@@ -256,3 +256,19 @@ async def test_every_tasks_reference_scores_1_and_its_null_attempt_0(runtime, su
         finally:
             await ws.close()
     assert not failures, failures
+
+
+@pytest.mark.asyncio
+async def test_the_private_restore_baseline_restores_the_desktop(make_runtime, suite: DesktopSuite) -> None:
+    rt = await make_runtime(backend="restore")
+    task = first(suite, "text_edit")
+    ws = await rt.create(suite.app(task))
+    await suite.start(ws, task)
+    *steps, final = task.reference
+    await run(ws, [C("terminal", command="cd Documents && echo restored"), *steps[:-1]])  # edited, unsaved
+    clone = await ws.fork()
+    screen = (await clone.execute(C("_screen"))).data["a11y"]
+    assert "Terminal - /home/agent/Documents" in screen and 'modified=true' in screen and "restored" in screen
+    await run(clone, [steps[-1]])
+    assert await suite.evaluate(clone, task, final) == 1.0
+    assert await suite.evaluate(ws, task, final) == 0.0  # the source never saved
