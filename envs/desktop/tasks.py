@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .app import PRIVATE_DIR
-from .spreadsheet import Sheet, cell_name
+from .spreadsheet import Sheet
 
 HOME = "/home/agent"
 NAMESPACE = uuid.UUID("5b1f4d0e-7a43-4c39-9f59-0d3a2b8e6c11")
