@@ -234,3 +234,15 @@ def test_a_task_file_the_suite_cannot_use_is_refused_with_path_and_field(tmp_pat
         with pytest.raises(TaskFileError) as info:
             DesktopSuite(tasks_dir=tmp_path / name, cache_mb=8).tasks()
         assert message in str(info.value) and str(path) in str(info.value), name
+
+
+def test_the_registry_makes_the_desktop_suite_with_its_knobs() -> None:
+    from bunshin.envs.suites.registry import get_suite
+
+    suite = get_suite("desktop", cache_mb=8, recording_frames=0)
+    assert isinstance(suite, DesktopSuite) and len(suite.tasks()) >= 60
+    assert suite.app().kwargs == {"cache_mb": 8, "recording_frames": 0}
+    with pytest.raises(ValueError):
+        DesktopSuite(cache_mb=-1)
+    with pytest.raises(TypeError):
+        DesktopSuite(no_such_knob=1)

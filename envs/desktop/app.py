@@ -252,6 +252,10 @@ def _write_text(path: str, text: str) -> None:
             os.fchown(f.fileno(), AGENT_UID, AGENT_GID)
 
 
+def _q(text: str, limit: int = 200) -> str:
+    return text[:limit].replace("\\", "\\\\").replace('"', '\\"')
+
+
 def directory_tree(path: str) -> dict[str, Any]:
     """OSWorld's directory tree (``list_directory``): name, type, children; children sorted by name."""
     tree: dict[str, Any] = {"name": os.path.basename(path.rstrip("/")) or "/", "type": "directory", "children": []}
@@ -394,21 +398,21 @@ class DesktopApp(WorkspaceApp):
         return out
 
     def a11y(self) -> str:
-        """The open windows as an accessibility-tree-like text (top window first)."""
+        """The open windows as an accessibility-tree-like text (top window first); quotes inside are escaped."""
         lines = ["desktop-frame name=\"Desktop\""]
         for key in reversed(self.order):
             kind, _, path = key.partition(":")
             state = " focused" if key == self.active else ""
-            lines.append(f"  window name=\"{self._title(key)}\"{state}")
+            lines.append(f"  window name=\"{_q(self._title(key))}\"{state}")
             if key == "terminal":
                 lines.append(f"    terminal cwd=\"{self.terminal.cwd}\"")
                 for text in self.terminal.scrollback[-20:]:
-                    lines.append(f"      text \"{text[:200]}\"")
+                    lines.append(f"      text \"{_q(text)}\"")
             elif kind == "editor":
                 buf = self.buffers[path]
                 lines.append(f"    document path=\"{path}\" lines={len(buf.lines)} modified={str(buf.modified).lower()}")
                 for i, text in enumerate(buf.lines[:60]):
-                    lines.append(f"      line {i + 1} \"{text[:200]}\"")
+                    lines.append(f"      line {i + 1} \"{_q(text)}\"")
             else:
                 sheet = self.sheets[path]
                 rows, cols = sheet.extent
@@ -419,8 +423,8 @@ class DesktopApp(WorkspaceApp):
                         if (r, c) in sheet.inputs:
                             raw = sheet.inputs[(r, c)]
                             shown = format_value(sheet.value_at(r, c))
-                            formula = f" formula=\"{raw}\"" if (r, c) in sheet.formulas else ""
-                            cells.append(f"{cell_name(r, c)}=\"{shown}\"{formula}")
+                            formula = f" formula=\"{_q(str(raw))}\"" if (r, c) in sheet.formulas else ""
+                            cells.append(f"{cell_name(r, c)}=\"{_q(shown)}\"{formula}")
                     lines.append(f"      row {r + 1}: " + " ".join(cells))
         return "\n".join(lines)
 
