@@ -223,7 +223,8 @@ async def test_the_session_cache_is_shared_by_forks_and_steps_grow_private_memor
     before = clone.memory().private  # the recorder is full: steps now replace frames
     for query in ["json", "decoder", "__init__.py", "unittest", "zzz-none"] * 2:  # reading the cache copies nothing
         assert (await clone.execute(C("search_files", query=query))).error is None
-    assert clone.memory().private - before < 16 << 20
+    # steps still churn frames and textures (a frame more while the oldest is dropped): well under the 96 MiB cache
+    assert clone.memory().private - before < 40 << 20
 
 
 @pytest.mark.slow
@@ -272,3 +273,34 @@ async def test_the_private_restore_baseline_restores_the_desktop(make_runtime, s
     await run(clone, [steps[-1]])
     assert await suite.evaluate(clone, task, final) == 1.0
     assert await suite.evaluate(ws, task, final) == 0.0  # the source never saved
+
+
+@pytest.mark.asyncio
+async def test_a_real_shaped_osworld_file_without_our_keys_runs_as_it_is(runtime, tmp_path) -> None:
+    import json
+
+    task_file = {  # the shape of OSWorld's os-domain tasks: a string command, the focus click, a shell getter
+        "id": "0c1e0c5e-real-shaped", "snapshot": "os", "source": "x", "trajectory": "trajectories/",
+        "instruction": "Can you move the file 'todo.txt' on the Desktop to the directory 'done/' on the Desktop?",
+        "config": [{"type": "execute", "parameters": {"command": "mkdir -p ~/Desktop/done && touch ~/Desktop/todo.txt",
+                                                      "shell": True}},
+                   {"type": "execute", "parameters": {"command": [
+                       "python", "-c", "import pyautogui; import time; pyautogui.click(960, 540); time.sleep(0.5);"]}}],
+        "related_apps": ["os"],
+        "evaluator": {"func": "exact_match",
+                      "result": {"type": "vm_command_line", "shell": True, "command":
+                                 "if [ -f ~/Desktop/done/todo.txt ]; then echo 'File exists.'; "
+                                 "else echo 'File does not exist.'; fi"},
+                      "expected": {"type": "rule", "rules": {"expected": "File exists.\n"}}},
+    }
+    (tmp_path / "os").mkdir()
+    (tmp_path / "os" / "0c1e0c5e.json").write_text(json.dumps(task_file))
+    suite = DesktopSuite(tasks_dir=tmp_path, **SMALL)
+    [task] = suite.tasks()
+    assert task.template == "os" and task.reference == [] and not task.give_up
+    ws = await runtime.create(suite.app(task))
+    await suite.start(ws, task)
+    null = await ws.fork()
+    await run(ws, [suite.parse_action("terminal: mv /home/user/Desktop/todo.txt ~/Desktop/done/")])
+    assert await suite.evaluate(ws, task, suite.parse_action("DONE")) == 1.0
+    assert await suite.evaluate(null, task, suite.null_action()) == 0.0

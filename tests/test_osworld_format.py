@@ -46,6 +46,15 @@ def test_real_shaped_file_loads(tmp_path: Path) -> None:
     (lambda d: d["config"].append({"type": "open", "parameters": {"file": "x"}}), "config[2].parameters.path"),
     (lambda d: d["evaluator"].__setitem__("postconfig", [{"type": "launch", "parameters": {"command": "vlc x"}}]),
      "evaluator.postconfig[0].parameters.command launches 'vlc'"),
+    (lambda d: d["config"].append({"type": "execute", "parameters": {
+        "command": "echo 'password' | sudo -S mkdir ~/Desktop/done", "shell": True}}),
+     "config[2].parameters.command needs 'sudo'"),
+    (lambda d: d["config"].append({"type": "execute", "parameters": {
+        "command": ["python", "-c", "import pyautogui; pyautogui.hotkey('ctrl', 's')"]}}),
+     "config[2].parameters.command needs 'pyautogui'"),
+    (lambda d: d["evaluator"].__setitem__("result", {"type": "vm_command_line",
+                                                     "command": "gsettings get org.gnome.desktop.interface gtk-theme"}),
+     "evaluator.result[0].command needs 'gsettings'"),
     (lambda d: d["evaluator"].__setitem__("func", "compare_pptx_files"), "evaluator.func ['compare_pptx_files']"),
     (lambda d: d["evaluator"]["result"].__setitem__("type", "vlc_playing_info"),
      "evaluator.result[0].type 'vlc_playing_info' is not supported"),
@@ -66,6 +75,15 @@ def test_supported_launch_and_open_steps_load(tmp_path: Path) -> None:
                        {"type": "launch", "parameters": {"command": "libreoffice --calc /home/user/b.csv"}},
                        {"type": "open", "parameters": {"path": "/home/user/b.csv"}}]
     assert [s.type for s in ow.load_task(write(tmp_path, data)).config][-3:] == ["launch", "launch", "open"]
+
+
+def test_osworlds_focus_click_is_accepted_as_a_no_op(tmp_path: Path) -> None:
+    click = ["python", "-c", "import pyautogui; import time; pyautogui.click(960, 540); time.sleep(0.5);"]
+    data = json.loads(json.dumps(TASK))
+    data["config"].append({"type": "execute", "parameters": {"command": click}})
+    assert ow.load_task(write(tmp_path, data)).config[-1].parameters["command"] == click
+    assert ow.gui_noop(click) and not ow.gui_noop(["python", "-c", "import os; os.remove('x')"])
+    assert ow.missing_program("cat /etc/apt/sources.list ~/sudoers") is None
 
 
 def test_infeasible_task(tmp_path: Path) -> None:

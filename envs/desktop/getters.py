@@ -38,7 +38,10 @@ async def _call(ws: Workspace, name: str, **args: Any) -> Observation:
 def _command_text(params: dict[str, Any]) -> str:
     command = params.get("command")
     if isinstance(command, list):
-        return shlex.join(str(c) for c in command)
+        argv = [str(c) for c in command]
+        if argv and argv[0] == "python":  # OSWorld's VM has `python`; Debian has python3 only
+            argv[0] = "python3"
+        return shlex.join(argv)
     if isinstance(command, str):
         return command
     raise SetupError(f"a command must be a string or a list of strings, got {command!r}")
@@ -55,6 +58,8 @@ async def open_in_app(ws: Workspace, path: str) -> Observation:
 async def run_setup_step(ws: Workspace, step: ow.SetupStep) -> None:
     params = step.parameters
     if step.type in ("execute", "command"):
+        if ow.gui_noop(params.get("command")):
+            return  # OSWorld's focus click: nothing to focus on this desktop
         obs = await _call(ws, "_exec", command=_command_text(params), timeout_s=float(params.get("timeout", 300)))
         if obs.error or obs.exit_code not in (0, None):
             raise SetupError(f"setup command failed (exit {obs.exit_code}, {obs.error}): {obs.output[-2000:]}")

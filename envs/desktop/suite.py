@@ -3,7 +3,7 @@ run on ``DesktopApp``, scored with OSWorld's getters and metrics.
 
 Owns: loading the task files (through ``envs/suites/osworld.py``, which refuses what the desktop cannot run; our
 extra keys ``bunshin_template``, ``bunshin_reference`` and ``bunshin_private_files`` ride along as real OSWorld
-files carry unused keys), the task's setup (private expected files written root-only under /var/lib/desktop,
+files carry unused keys; a real OSWorld file has no reference solution: its ``SuiteTask.reference`` is empty), the task's setup (private expected files written root-only under /var/lib/desktop,
 then OSWorld's ``config`` steps), the action language, and scoring.
 
 Action language (``parse_action``): OSWorld's special actions ``WAIT``, ``DONE``, ``FAIL``; a JSON object
@@ -112,7 +112,7 @@ class DesktopSuite(Suite):
                 check_args(call.name, call.args)
             except ActionError as exc:
                 raise TaskFileError(path, f"bunshin_reference: {exc}") from None
-        if not reference or reference[-1].name not in FINAL:
+        if "bunshin_reference" in raw and (not reference or reference[-1].name not in FINAL):
             raise TaskFileError(path, "bunshin_reference must end with DONE or FAIL")
         template = raw.get("bunshin_template") or Path(path).parent.name
         return SuiteTask(suite=self.name, id=task.id, template=str(template), instruction=task.instruction,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,16 @@ EDITOR_PROGRAMS = frozenset({"gedit", "xed", "code", "mousepad", "kate", "nano",
 SHEET_PROGRAMS = frozenset({"libreoffice", "soffice", "localc"})
 TERMINAL_PROGRAMS = frozenset({"gnome-terminal", "xterm", "x-terminal-emulator", "bash", "sh"})
 LAUNCH_PROGRAMS = EDITOR_PROGRAMS | SHEET_PROGRAMS | TERMINAL_PROGRAMS
+# Commands a setup step or a ``vm_command_line`` getter may not use: the desktop's user has no root and no real
+# GUI session (OSWorld's VM user runs ``echo password | sudo -S ...``, gsettings, xdotool, pyautogui).
+MISSING_PROGRAMS = ("sudo", "su", "apt", "apt-get", "dpkg", "snap", "gsettings", "dconf", "xdotool", "xdg-open",
+                    "xdg-settings", "xdg-mime", "update-alternatives", "systemctl", "dbus-send", "pactl", "amixer",
+                    "gnome-extensions", "pyautogui")
+_MISSING_RE = re.compile(r"(?:^|[\s;|&(`'\"])(" + "|".join(re.escape(p) for p in MISSING_PROGRAMS) + r")(?=$|[\s;|&)`'\".])")
+# OSWorld's boilerplate focus click (``python -c "import pyautogui; import time; pyautogui.click(960, 540);
+# time.sleep(0.5);"``): on the embedded desktop there is nothing to focus, so the step is a no-op.
+_GUI_NOOP_RE = re.compile(r"^\s*(import pyautogui|import time|pyautogui\.(click|moveTo)\([0-9, .]*\)|"
+                          r"time\.sleep\([0-9.]*\))\s*$")
 
 
 class SetupStep(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +113,25 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
             if kind not in GETTER_TYPES:
                 raise TaskFileError(path, f"evaluator.{name}[{i}].type {kind!r} is not supported (known: "
                                           f"{sorted(GETTER_TYPES)})")
+            if kind == "vm_command_line" and (prog := missing_program(getter.get("command"))):
+                raise TaskFileError(path, f"evaluator.{name}[{i}].command needs {prog!r}, which the embedded "
+                                          "desktop lacks (its user has no root and no GUI session)")
+
+
+def gui_noop(command: Any) -> bool:
+    """Whether ``command`` is OSWorld's focus click (pyautogui click/move/sleep only), a no-op on this desktop."""
+    if not (isinstance(command, list) and len(command) == 3 and command[0] in ("python", "python3")
+            and command[1] == "-c" and isinstance(command[2], str)):
+        return False
+    statements = [x for x in re.split(r"[;\n]", command[2]) if x.strip()]
+    return bool(statements) and all(_GUI_NOOP_RE.match(x) for x in statements)
+
+
+def missing_program(command: Any) -> str | None:
+    """The first program of ``MISSING_PROGRAMS`` that ``command`` (string or argv) runs, if any."""
+    text = command if isinstance(command, str) else " ".join(str(c) for c in command or [])
+    m = _MISSING_RE.search(text)
+    return m.group(1) if m else None
 
 
 def _check_step_parameters(step: SetupStep, where: str, path: str | Path) -> None:
@@ -112,6 +142,9 @@ def _check_step_parameters(step: SetupStep, where: str, path: str | Path) -> Non
             isinstance(command, list) and command and all(isinstance(c, str) for c in command))
         if not ok:
             raise TaskFileError(path, f"{where}.parameters.command must be a non-empty string or list of strings")
+        if step.type != "launch" and not gui_noop(command) and (prog := missing_program(command)):
+            raise TaskFileError(path, f"{where}.parameters.command needs {prog!r}, which the embedded desktop "
+                                      "lacks (its user has no root and no GUI session)")
         if step.type == "launch":
             program = (command.split() if isinstance(command, str) else command)[0].rsplit("/", 1)[-1]
             if program not in LAUNCH_PROGRAMS:
