@@ -93,9 +93,10 @@ async def test_reference_scores_1_null_and_wrong_attempts_score_0(runtime, suite
     await run(ws, steps)
     assert suite.is_final(final)
     assert await suite.evaluate(ws, task, final) == 1.0
-    # the null attempt stops at once: 0 everywhere, and giving up is right only on infeasible tasks
-    assert await suite.evaluate(null, task, suite.null_action()) == 0.0
-    assert await suite.evaluate(null, task, C("FAIL")) == (1.0 if task.give_up else 0.0)
+    # the null attempt gives up at once: right only on infeasible tasks; claiming DONE at once is right nowhere
+    assert suite.null_action() == C("FAIL")
+    assert await suite.evaluate(null, task, suite.null_action()) == (1.0 if task.give_up else 0.0)
+    assert await suite.evaluate(null, task, C("DONE")) == 0.0
     *steps, final = WRONG[template](task.reference)
     await run(wrong, steps)
     assert await suite.evaluate(wrong, task, final) == 0.0
@@ -250,7 +251,7 @@ async def test_every_tasks_reference_scores_1_and_its_null_attempt_0(runtime, su
                         failures.append((task.path, call.name, obs.error))
                 score = await suite.evaluate(ws, task, final)
                 null_score = await suite.evaluate(null, task, suite.null_action())
-                if (score, null_score) != (1.0, 0.0):
+                if (score, null_score) != (1.0, 1.0 if task.give_up else 0.0):
                     failures.append((task.path, score, null_score))
             finally:
                 await null.close()

@@ -149,7 +149,7 @@ def test_parse_action(suite: DesktopSuite) -> None:
     assert suite.parse_action("editor_open: ~/notes.txt") == ToolCall(name="editor_open", args={"path": "~/notes.txt"})
     call = suite.parse_action('{"name": "sheet_set", "args": {"cell": "B7", "value": "=SUM(B2:B6)"}}')
     assert call == ToolCall(name="sheet_set", args={"cell": "B7", "value": "=SUM(B2:B6)"})
-    assert suite.null_action() == ToolCall(name="DONE")
+    assert suite.null_action() == ToolCall(name="FAIL")
 
 
 @pytest.mark.parametrize("text, message", [

@@ -29,12 +29,15 @@ no re-opening).
 
 Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 
-- ``cache_mb=128``: size of the session cache in a ``HugeHeap`` (anonymous THP memory, built in ``setup()``,
+- ``cache_mb=48``: size of the session cache in a ``HugeHeap`` (anonymous THP memory, built in ``setup()``,
   identical in every workspace, only read afterwards so forks keep sharing it): the file-search index of
   ``index_roots`` (paths, like locate's database, ~10 MiB for Debian's /usr), a glyph cache (ASCII glyph masks of
   the UI font at 16 sizes, rendered with Pillow) and an icon cache (128x128 RGBA icons) filling the rest.
   The cache never shrinks below index + glyphs. Measured host RSS after setup: ~218 MiB at 128 (PSS ~207),
-  ~282 MiB at 192; building it takes ~3 s (walking /usr is most of it).
+  ~282 MiB at 192; building it takes ~3 s (walking /usr is most of it). The default, 48, is calibrated with
+  ``bunshin bench sharing --suite desktop`` (docs/suites.md): the screens a desktop renders are mostly flat colour,
+  identical by content between samples, so what separates two samples is text and app state, and a larger
+  shared cache would hold the identical fraction above the seed's 0.5-0.7 after ten steps.
 - ``index_roots=("/usr",)``: what the file-search index covers (tests pass a small directory to start faster).
 - ``window_w=1100, window_h=700``: size of each window's RGBA texture (3 MiB at the default), re-rendered whenever
   the window changes: each step that changes a window allocates a fresh private texture.
@@ -44,9 +47,9 @@ Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 - ``recording_frames=16``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
   raw (1920x1080 RGB, 6 MiB each), one per agent step: the main private growth of a sample's first steps.
 
-Measured with the defaults (two forks of one started task, 10 different steps each): each sample's RSS ~282 MiB,
-private ~105 MiB; 71% of a sample's resident pages are identical by content to the other's, 61% physically shared.
-Smaller ``cache_mb`` or more growth per step (bigger windows, more frames) lowers both.
+Measured with the defaults (``bunshin bench sharing --suite desktop --steps 10``, BENCHMARKS.md): a workspace of
+~116 MiB after setup, ~190 MiB after ten steps of the project_tests group, of which ~0.66 is identical by content to
+the other sample's and ~0.45 physically shared.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ def directory_tree(path: str) -> dict[str, Any]:
 
 
 class DesktopApp(WorkspaceApp):
-    def __init__(self, cache_mb: float = 128, index_roots: tuple[str, ...] | list[str] = ("/usr",),
+    def __init__(self, cache_mb: float = 48, index_roots: tuple[str, ...] | list[str] = ("/usr",),
                  window_w: int = 1100, window_h: int = 700, scrollback_lines: int = 10_000,
                  undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True,
                  recording_frames: int = 16):

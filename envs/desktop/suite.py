@@ -10,10 +10,11 @@ Action language (``parse_action``): OSWorld's special actions ``WAIT``, ``DONE``
 ``{"name": "<tool>", "args": {...}}`` for any agent tool of ``DesktopApp`` (see envs/desktop/app.py); and a compact
 form ``<tool>: <text>`` for the tools whose one argument is text: ``terminal: ls -la`` (command),
 ``editor_open: ~/notes.txt``, ``sheet_open:``, ``editor_save:``, ``sheet_save:`` (path), ``search_files:`` (query),
-``WAIT: 2`` (seconds). The null attempt is ``DONE`` at once; ``FAIL`` is giving up (1 only on infeasible tasks).
+``WAIT: 2`` (seconds). The null attempt is ``FAIL`` at once (giving up: 1 only on infeasible tasks, which are
+``SuiteTask.give_up``); ``DONE`` at once scores 0 everywhere.
 
 Knobs (constructor keywords): ``tasks_dir`` (default: the committed tasks) and every ``DesktopApp`` knob
-(``cache_mb=128``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
+(``cache_mb=48``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
 ``screenshots``, ``png_level``, ``recording_frames=16``), passed to each workspace's app.
 """
 
@@ -79,10 +80,12 @@ def check_args(name: str, args: dict[str, Any]) -> None:
 
 class DesktopSuite(Suite):
     name = "desktop"
+    sharing_template = "project_tests"  # the group ``bunshin bench sharing`` plays by default: run, read, fix, rerun
 
     def __init__(self, tasks_dir: str | Path | None = None, **app_kwargs: Any):
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else TASKS_DIR
         self.app_kwargs = dict(app_kwargs)
+        self.knobs = dict(app_kwargs)
         if "index_roots" in self.app_kwargs:
             self.app_kwargs["index_roots"] = list(self.app_kwargs["index_roots"])
         from .app import DesktopApp
@@ -180,7 +183,8 @@ class DesktopSuite(Suite):
         return call.name in FINAL
 
     def null_action(self) -> ToolCall:
-        return ToolCall(name="DONE")
+        """Stopping at once: giving up (OSWorld's FAIL), right only on infeasible tasks (``give_up``)."""
+        return ToolCall(name="FAIL")
 
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         ot, _ = self.load(task.path)
