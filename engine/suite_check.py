@@ -21,8 +21,9 @@ from bunshin.envs.workspace import Workspace
 
 async def attempt(suite: Suite, base: Workspace, task: SuiteTask, calls: list[Any]) -> tuple[float, str | None]:
     """Score of playing ``calls`` on a fresh fork of ``base``; (0.0, reason) when something broke on the way."""
-    ws = await base.fork()
+    ws = None
     try:
+        ws = await base.fork()
         await suite.start(ws, task)
         errors = []
         async for call, obs in play(suite, ws, task, calls):
@@ -33,7 +34,8 @@ async def attempt(suite: Suite, base: Workspace, task: SuiteTask, calls: list[An
     except Exception as exc:  # one task's failure is recorded; the check goes on
         return 0.0, f"{type(exc).__name__}: {exc}"
     finally:
-        await ws.close()
+        if ws is not None:
+            await ws.close()
 
 
 async def check(suite: Suite, *, runtime: WorkspaceRuntime | None = None, concurrency: int = 2,
@@ -42,7 +44,7 @@ async def check(suite: Suite, *, runtime: WorkspaceRuntime | None = None, concur
     if runtime is None:
         async with WorkspaceRuntime(limits=Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=120)) as rt:
             return await check(suite, runtime=rt, concurrency=concurrency, limit=limit, log=log)
-    tasks = suite.tasks()[:limit]
+    tasks = (await asyncio.to_thread(suite.tasks))[:limit]  # may generate a catalog's task files: off the loop
     report: dict[str, Any] = {"suite": suite.name, "tasks": len(tasks), "oracle_pass": 0, "null_pass": 0,
                               "failures": [], "null_pass_expected": [t.id for t in tasks if t.give_up]}
     started = time.monotonic()

@@ -52,25 +52,28 @@ def registered_live_runs() -> set[str]:
     live = set()
     if ENGINES.is_dir():
         for entry in ENGINES.iterdir():
-            if entry.name.startswith("."):
-                if time.time() - entry.stat().st_mtime > STAGING_GRACE_S:
+            try:
+                if entry.name.startswith("."):  # being written by an engine starting now
+                    if time.time() - entry.stat().st_mtime > STAGING_GRACE_S:
+                        entry.unlink(missing_ok=True)
+                    continue
+                if _record_alive(entry):
+                    live.add(entry.name)
+                else:
                     entry.unlink(missing_ok=True)
+            except FileNotFoundError:  # renamed or removed by another engine meanwhile
                 continue
-            if _record_alive(entry):
-                live.add(entry.name)
-            else:
-                entry.unlink(missing_ok=True)
     return live
 
 
 def _record_alive(path: Path) -> bool:
     try:
         info = json.loads(path.read_text())
+        return process_start_time(int(info["pid"])) == info.get("start_time")
     except FileNotFoundError:
         return False
-    except ValueError:
-        return True  # being written
-    return process_start_time(int(info["pid"])) == info.get("start_time")
+    except (ValueError, KeyError, TypeError):  # records are renamed into place whole: this one is corrupt
+        return time.time() - path.stat().st_mtime < STAGING_GRACE_S
 
 
 def _engine_alive(run_dir: Path) -> bool:
@@ -109,7 +112,8 @@ def remove_stale_runs(state_dir: Path) -> list[str]:
         names = {p.name for root in layout.hierarchies().values() for p in root.glob("bunshin-*") if p.is_dir()}
         for name in sorted(names):
             run_id = name.removeprefix("bunshin-")
-            if run_id not in live:
+            # re-read the registry: an engine may have registered (then made its cgroups) since ``live`` was read
+            if run_id not in live and run_id not in registered_live_runs():
                 Cgroup(layout, name).remove()
                 removed.append(f"cgroup {name}")
     mounts = _mount_points()

@@ -305,3 +305,41 @@ async def test_a_real_shaped_osworld_file_without_our_keys_runs_as_it_is(runtime
     await run(ws, [suite.parse_action("terminal: mv /home/user/Desktop/todo.txt ~/Desktop/done/")])
     assert await suite.evaluate(ws, task, suite.parse_action("DONE")) == 1.0
     assert await suite.evaluate(null, task, suite.null_action()) == 0.0
+
+
+@pytest.mark.asyncio
+async def test_a_result_file_linked_to_the_expected_file_scores_0(runtime, suite: DesktopSuite) -> None:
+    """The grader reads as root: a symlink needs no access to its target, so it must not be followed."""
+    task = first(suite, "sheet_total")
+    ws = await runtime.create(suite.app(task))
+    await suite.start(ws, task)
+    expected = next(c["path"] for c in [suite.load(task.path)[0].evaluator.expected] if isinstance(c, dict))
+    result = suite.load(task.path)[0].evaluator.result["path"]
+    await run(ws, [C("terminal", command=f"ln -sf {expected} {result.replace('/home/user', '~')} && ls -l "
+                                         f"{result.replace('/home/user', '~')}")])
+    assert await suite.evaluate(ws, task, C("DONE")) == 0.0
+    fresh = await ws.fork()
+    await run(fresh, [C("terminal", command=f"rm {result.replace('/home/user', '~')}"), *task.reference[:-1]])
+    assert await suite.evaluate(fresh, task, C("DONE")) == 1.0  # the same path, written for real, passes
+
+
+@pytest.mark.asyncio
+async def test_a_fake_unittest_module_does_not_pass_the_project_tests(runtime, suite: DesktopSuite) -> None:
+    task = first(suite, "project_tests")
+    ws = await runtime.create(suite.app(task))
+    await suite.start(ws, task)
+    fake = "mkdir -p ~/project/unittest && printf 'print(\"Ran 6 tests\\\\n\\\\nOK\")\\n' > ~/project/unittest/__main__.py"
+    await run(ws, [C("terminal", command=fake), C("terminal", command="cd ~/project && python3 -m unittest")])
+    assert "Ran 6 tests" in (await ws.execute(C("_terminal_output"))).output  # the fake fools a plain run...
+    assert await suite.evaluate(ws, task, C("DONE")) == 0.0  # ...not the grader's isolated one
+
+
+@pytest.mark.asyncio
+async def test_a_runaway_formula_is_an_error_value_and_the_desktop_goes_on(runtime, suite: DesktopSuite) -> None:
+    ws = await runtime.create(suite.app())
+    await run(ws, [C("sheet_open", path="~/Documents/budget.csv")])
+    for formula in ("=9^9^9", "=10^5000", "=ROUND(1, 1000000000)"):
+        obs = await ws.execute(C("sheet_set", cell="H1", value=formula))
+        assert obs.error is None and ("#NUM!" in obs.output or "= 1" in obs.output), obs
+    obs = await ws.execute(C("terminal", command="echo still-here"))
+    assert obs.error is None and "still-here" in obs.output

@@ -246,3 +246,16 @@ def test_the_registry_makes_the_desktop_suite_with_its_knobs() -> None:
         DesktopSuite(cache_mb=-1)
     with pytest.raises(TypeError):
         DesktopSuite(no_such_knob=1)
+
+
+@pytest.mark.parametrize("formula, shown", [
+    ("=9^9^9", "#NUM!"), ("=10^5000", "#NUM!"), ("=2^0.5", "1.414213562"), ("=ROUND(2.5, 1000000000)", "2.5"),
+    ("=1000000000000000*1000000000000000", "1e+30"),
+])
+def test_formulas_never_hang_or_break_formatting(formula: str, shown: str) -> None:
+    from bunshin.envs.desktop.spreadsheet import Sheet, format_value
+
+    sheet = Sheet.from_csv("", "x")
+    sheet.set("A1", formula)
+    assert format_value(sheet.value("A1")) == shown
+    assert "A1" in sheet.to_csv() or sheet.to_csv()  # saving works too

@@ -95,9 +95,9 @@ def test_infeasible_task(tmp_path: Path) -> None:
 def test_metrics_pass_and_fail(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text('{"debug": false, "tags": ["x", "y"]}')
     rules_ok = {"expect": [{"key": ["debug"], "method": "eq", "ref": False},
-                           {"key": ["tags"], "method": "has", "ref": "y"}]}
+                           {"key": ["tags", 1], "method": "eq", "ref": "y"}]}
     assert ow.check_json(str(tmp_path / "a.json"), rules_ok) == 1.0
-    assert ow.check_json(str(tmp_path / "a.json"), {"expect": [{"key": ["debug"], "ref": True}]}) == 0.0
+    assert ow.check_json(str(tmp_path / "a.json"), {"expect": [{"key": ["debug"], "method": "eq", "ref": True}]}) == 0.0
     assert ow.check_json(str(tmp_path / "missing.json"), rules_ok) == 0.0
     assert ow.check_include_exclude("3 passed", {"include": ["passed"], "exclude": ["failed"]}) == 1.0
     assert ow.check_include_exclude("1 failed, 2 passed", {"include": ["passed"], "exclude": ["failed"]}) == 0.0
@@ -110,6 +110,46 @@ def test_metrics_pass_and_fail(tmp_path: Path) -> None:
     (tmp_path / "p.csv").write_text("a,b\n1, 2\n")
     (tmp_path / "q.csv").write_text("a,b\n1,2\n")
     (tmp_path / "r.csv").write_text("a,b\n1,3\n")
-    assert ow.compare_csv(str(tmp_path / "p.csv"), str(tmp_path / "q.csv")) == 1.0
-    assert ow.compare_csv(str(tmp_path / "p.csv"), str(tmp_path / "r.csv")) == 0.0
+    assert ow.compare_csv(str(tmp_path / "q.csv"), str(tmp_path / "q.csv")) == 1.0
+    assert ow.compare_csv(str(tmp_path / "p.csv"), str(tmp_path / "q.csv")) == 0.0  # lines, exactly (OSWorld)
+    assert ow.compare_table(str(tmp_path / "p.csv"), str(tmp_path / "q.csv")) == 1.0  # the data
+    assert ow.compare_table(str(tmp_path / "p.csv"), str(tmp_path / "r.csv")) == 0.0
     assert ow.combine([1.0, 0.0], "and") == 0.0 and ow.combine([1.0, 0.0], "or") == 1.0
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["evaluator"].update(options={"strict": False}), "evaluator.options ['strict'] not supported by "
+                                                                  "check_json"),
+    (lambda d: d["evaluator"].update(options={"is_yaml": True}), "evaluator.options.is_yaml"),
+    (lambda d: d["evaluator"]["expected"]["rules"]["expect"][0].update(method="approx:0.1"),
+     "evaluator.expected[0].rules.expect[0].method 'approx:0.1'"),
+    (lambda d: d["evaluator"].update(func="compare_table", options={"rules": [{"type": "sheet_fuzzy"}]}),
+     "evaluator.options ['rules'] not supported by compare_table"),
+])
+def test_options_and_rules_we_do_not_implement_are_refused(tmp_path: Path, mutate, message: str) -> None:
+    data = json.loads(json.dumps(TASK))
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(TaskFileError) as info:
+        ow.load_task(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_metrics_follow_osworld_on_details(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x, y\n1,2.50\n")
+    b.write_text("x,y\n1,2.5\n")
+    assert ow.compare_csv(str(a), str(b)) == 0.0  # OSWorld compares the lines
+    assert ow.compare_table(str(a), str(b)) == 1.0  # ...and compare_table the data
+    b.write_text("X, Y\n1,2.50\n")
+    assert ow.compare_csv(str(a), str(b), ignore_case=True) == 1.0
+    j = tmp_path / "c.json"
+    j.write_text('{"level": "debug", "n": 3}')
+    rule = lambda method, ref, key="level": {"expect": [{"key": [key], "method": method, "ref": ref}]}  # noqa: E731
+    assert ow.check_json(str(j), rule("re", "^deb")) == 1.0
+    assert ow.check_json(str(j), rule("re.I", "^DEB")) == 1.0
+    assert ow.check_json(str(j), rule("gt", 2, "n")) == 1.0 and ow.check_json(str(j), rule("lt", 2, "n")) == 0.0
+    assert ow.check_json(str(j), rule("gt", "2", "n")) == 0.0  # another type: not a crash
+    assert ow.check_json(str(j), rule("eq", 1, "missing")) == 0.0
+    j.write_text("[" * 200_000)
+    assert ow.check_json(str(j), rule("eq", 1)) == 0.0  # nested beyond recursion: not JSON we accept

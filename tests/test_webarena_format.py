@@ -97,3 +97,46 @@ def test_fuzzy_match_uses_the_judge_and_the_default_is_deterministic() -> None:
 ])
 def test_url_match(ref: str, page: str, score: float) -> None:
     assert wa.url_match(wa.expand_url(ref, "http://shop/"), page) == score
+
+
+def test_an_unachievable_answer_may_give_its_reason() -> None:
+    note = "the product does not exist"
+    intent = "What is the price of the Acme Tent Z1234?"
+    assert wa.string_match("N/A", {"fuzzy_match": "N/A"}, intent, string_note=note) == 1.0
+    assert wa.string_match("The product does not exist.", {"fuzzy_match": "N/A"}, intent, string_note=note) == 1.0
+    assert wa.string_match("", {"fuzzy_match": "N/A"}, intent, string_note=note) == 0.0
+    assert wa.string_match("$12.99", {"fuzzy_match": "N/A"}, intent, string_note=note) == 0.0
+
+
+def test_program_html_last_reads_the_page_the_evaluator_went_to_last() -> None:
+    targets = [wa.ProgramHtml(url="__SHOPPING__/checkout/cart/", locator="", required_contents={"must_include": ["A"]}),
+               wa.ProgramHtml(url="last", locator="document.querySelector('.x').outerText",
+                              required_contents={"exact_match": "B"})]
+    reads = []
+
+    def read(url, selector):
+        reads.append((url, selector))
+        return {"": "A cart", ".x": "B"}[selector]
+
+    assert wa.program_html(targets, "http://shop", read, lambda path: {}) == 1.0
+    assert reads == [("http://shop/checkout/cart/", ""), ("http://shop/checkout/cart/", ".x")]
+    assert wa.target_urls([targets[1]], "http://shop") == [None]  # a leading "last": the agent's page
+
+
+@pytest.mark.parametrize("contents, message", [
+    ({"must_include": "Sony"}, "must_include must be a list of strings"),
+    ({"exact_match": ["x"]}, "exact_match must be a string"),
+])
+def test_program_html_contents_of_the_wrong_type_are_refused(tmp_path: Path, contents, message) -> None:
+    data = json.loads(json.dumps(REAL_SHAPED))
+    data["eval"] = {"eval_types": ["program_html"], "reference_answers": None, "reference_url": "",
+                    "program_html": [{"url": "last", "locator": "", "required_contents": contents}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(wa.TaskFileError, match=message):
+        wa.load_task(path)
+    data["eval"]["program_html"][0].update(required_contents={"must_include": ["x"]},
+                                           prep_actions=["document.querySelector('button').click()"])
+    path.write_text(json.dumps(data))
+    with pytest.raises(wa.TaskFileError, match="prep_actions"):
+        wa.load_task(path)

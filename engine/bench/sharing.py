@@ -58,7 +58,8 @@ async def _measure(a: Workspace, b: Workspace) -> dict[str, Any]:
 
 async def run(suite: Suite, steps: int, template: str | None = None, state_dir: str | None = None,
               log: Any = sys.stderr) -> dict[str, Any]:
-    start_task, plan_a, plan_b = plans(suite.tasks(), steps, template or getattr(suite, "sharing_template", None))
+    tasks = await asyncio.to_thread(suite.tasks)  # may generate a catalog's task files: off the loop
+    start_task, plan_a, plan_b = plans(tasks, steps, template or getattr(suite, "sharing_template", None))
     kwargs: dict[str, Any] = {"limits": Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=120)}
     if state_dir:
         kwargs["state_dir"] = state_dir

@@ -225,7 +225,8 @@ def _open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
         os.close(fd)
 
 
-def _read_text(path: str) -> str:
+def _read_bytes(path: str) -> bytes:
+    """A regular file's bytes, opened without following any symlink on the way (see ``_open_nofollow``)."""
     fd = _open_nofollow(path, os.O_RDONLY)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -234,7 +235,11 @@ def _read_text(path: str) -> str:
     with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_FILE:
             raise ToolError(f"{path} is too large to open ({st.st_size} bytes)")
-        data = f.read(MAX_FILE + 1)
+        return f.read(MAX_FILE + 1)
+
+
+def _read_text(path: str) -> str:
+    data = _read_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -668,14 +673,16 @@ class DesktopApp(WorkspaceApp):
         return self.ctx.run_agent(command, float(args.get("timeout_s", 120)))
 
     def _read_file(self, args: dict[str, Any]) -> Observation:
-        path = str(args["path"])
+        """A file for a getter, read as root without following symlinks: an agent cannot point its result file at
+        the task's private expected file (a symlink needs no access to its target). OSWorld's ``/home/user`` is
+        our link to the agent's home and is the one alias taken."""
+        path = os.path.normpath(str(args["path"]))
+        if path == "/home/user" or path.startswith("/home/user/"):
+            path = AGENT_HOME + path[len("/home/user"):]
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_FILE + 1)
-        except OSError as exc:
-            return Observation(error=f"{path}: {exc.strerror}", data={"content": None})
-        if len(data) > MAX_FILE:
-            return Observation(error=f"{path} is larger than {MAX_FILE} bytes", data={"content": None})
+            data = _read_bytes(path)
+        except ToolError as exc:
+            return Observation(error=str(exc), data={"content": None})
         return Observation(output=f"{len(data)} bytes", data={"content": data})
 
     def _list_directory(self, args: dict[str, Any]) -> Observation:

@@ -12,6 +12,7 @@ Must never: leave a fetched file behind (the temporary directory is removed what
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -25,6 +26,7 @@ from ..workspace import Workspace
 
 EDITOR_PROGRAMS, SHEET_PROGRAMS, TERMINAL_PROGRAMS = ow.EDITOR_PROGRAMS, ow.SHEET_PROGRAMS, ow.TERMINAL_PROGRAMS
 SHEET_SUFFIXES = (".csv",)
+log = logging.getLogger(__name__)
 
 
 class SetupError(RuntimeError):
@@ -100,7 +102,7 @@ async def _fetch(ws: Workspace, path: str, dest: str, tmp: Path) -> str | None:
     content = obs.data.get("content")
     if content is None:
         return None
-    local = tmp / (Path(dest).name or "file")
+    local = tmp / f"{len(os.listdir(tmp))}-{Path(dest).name or 'file'}"  # never two getters on one file
     await asyncio.to_thread(local.write_bytes, content)
     return str(local)
 
@@ -161,10 +163,14 @@ async def evaluate_task(ws: Workspace, task: ow.OSWorldTask) -> float:
             expected_cfg = _nth(ev.expected, i, len(funcs))
             options = _nth(ev.options, i, len(funcs)) or {}
             metric = ow.METRICS[name]
-            if expected_cfg is None:
-                score = metric(result, **options)
-            else:
-                score = metric(result, await get(ws, expected_cfg, tmp), **options)
+            args = [result] if expected_cfg is None else [result, await get(ws, expected_cfg, tmp)]
+            try:
+                score = metric(*args, **options)
+            except (RecursionError, TypeError, ValueError, KeyError, IndexError, UnicodeError) as exc:
+                # what the agent left cannot be compared (a file of another shape, deeply nested JSON...): not
+                # the expected result. Options and rules were checked when the task file was loaded.
+                log.info("task %s: %s on the agent's result: %s: %s", task.id, name, type(exc).__name__, exc)
+                score = 0.0
             scores.append(float(score))
             if ev.conj == "and" and score == 0.0:
                 break  # OSWorld stops at the first failed metric of a conjunction

@@ -35,7 +35,8 @@ class ErrorValue(str):
     """A spreadsheet error shown in a cell (``#DIV/0!``); a str subclass so it prints and saves as itself."""
 
 
-REF, DIV0, VALUE, NAME, CIRC = (ErrorValue(e) for e in ("#REF!", "#DIV/0!", "#VALUE!", "#NAME?", "#CIRC!"))
+REF, DIV0, VALUE, NAME, CIRC, NUM = (ErrorValue(e) for e in ("#REF!", "#DIV/0!", "#VALUE!", "#NAME?", "#CIRC!",
+                                                             "#NUM!"))
 
 Value = Union[int, float, str, None]
 
@@ -86,6 +87,17 @@ def parse_literal(text: str) -> Value:
     return text
 
 
+def _bounded(r: int | float) -> Value:
+    """Exact integers stay exact up to 10**15 and become floats beyond, as a spreadsheet's doubles do: a chain of
+    products cannot grow a million-digit integer. Infinite or unrepresentable results are #NUM!."""
+    if isinstance(r, int) and abs(r) > 10**15:
+        try:
+            r = float(r)
+        except OverflowError:
+            return NUM
+    return NUM if isinstance(r, float) and not math.isfinite(r) else r
+
+
 def format_value(v: Value) -> str:
     """How a computed value is shown and saved: integral numbers without a fraction, others to 10 digits."""
     if v is None:
@@ -93,8 +105,15 @@ def format_value(v: Value) -> str:
     if isinstance(v, bool):
         return "TRUE" if v else "FALSE"
     if isinstance(v, int):
-        return str(v)
+        if abs(v) < 10**15:
+            return str(v)
+        try:
+            v = float(v)  # a huge integer shows as a spreadsheet shows it: 1E+20, never 4,300 digits
+        except OverflowError:
+            return NUM
     if isinstance(v, float):
+        if not math.isfinite(v):
+            return NUM
         if v.is_integer() and abs(v) < 1e15:
             return str(int(v))
         return f"{v:.10g}"
@@ -325,7 +344,8 @@ def _fn_round(args: list) -> Value:
         return n
     if isinstance(d, ErrorValue):
         return d
-    q = 10 ** int(d)
+    d = max(-15, min(15, int(d)))  # digits beyond a double's precision change nothing (and 10**1e9 would hang)
+    q = 10 ** d
     r = math.floor(abs(n) * q + 0.5) / q  # half away from zero, as spreadsheets round
     r = -r if n < 0 else r
     return int(r) if int(d) <= 0 else r
@@ -430,12 +450,8 @@ class Sheet:
             b = _num(self._scalar(b_node, visiting))
             if isinstance(b, ErrorValue):
                 return b
-            if op == "+":
-                return a + b
-            if op == "-":
-                return a - b
-            if op == "*":
-                return a * b
+            if op in ("+", "-", "*"):
+                return _bounded(a + b if op == "+" else a - b if op == "-" else a * b)
             if op == "/":
                 if b == 0:
                     return DIV0
@@ -443,10 +459,10 @@ class Sheet:
                 return int(q) if isinstance(a, int) and isinstance(b, int) and q.is_integer() else q
             if op == "^":
                 try:
-                    r = a ** b
+                    r = float(a) ** float(b)  # in floats, as spreadsheets compute: 9^9^9 overflows, never hangs
                 except (OverflowError, ZeroDivisionError):
-                    return DIV0 if a == 0 else VALUE
-                return r if isinstance(r, (int, float)) and not isinstance(r, complex) else VALUE
+                    return DIV0 if a == 0 else NUM
+                return r if isinstance(r, float) and math.isfinite(r) else NUM
         if kind == "call":
             _, fname, arg_nodes = node
             fn = FUNCTIONS.get(fname)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import operator
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,15 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
         raise TaskFileError(path, f"evaluator.func {unknown} not supported (known: {sorted(METRICS)})")
     if ev.conj not in ("and", "or"):
         raise TaskFileError(path, f"evaluator.conj {ev.conj!r} must be 'and' or 'or'")
+    options = ev.options if isinstance(ev.options, list) else [ev.options] * len(ev.funcs)
+    for i, (name, opts) in enumerate(zip(ev.funcs, options)):
+        where = f"evaluator.options[{i}]" if isinstance(ev.options, list) else "evaluator.options"
+        extra = sorted(set(opts or {}) - METRIC_OPTIONS[name])
+        if extra:
+            raise TaskFileError(path, f"{where} {extra} not supported by {name} (it takes: "
+                                      f"{sorted(METRIC_OPTIONS[name]) or 'no options'})")
+        if name == "check_json" and (opts or {}).get("is_yaml"):
+            raise TaskFileError(path, f"{where}.is_yaml: YAML files are not supported (no YAML parser here)")
     if task.infeasible:
         return
     results, expected = _as_list(ev.result), _as_list(ev.expected)
@@ -113,9 +123,23 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
             if kind not in GETTER_TYPES:
                 raise TaskFileError(path, f"evaluator.{name}[{i}].type {kind!r} is not supported (known: "
                                           f"{sorted(GETTER_TYPES)})")
+            if name == "expected" and kind == "rule" and i < len(ev.funcs) and ev.funcs[i] == "check_json":
+                _check_json_rules(getter.get("rules"), f"evaluator.expected[{i}].rules", path)
             if kind == "vm_command_line" and (prog := missing_program(getter.get("command"))):
                 raise TaskFileError(path, f"evaluator.{name}[{i}].command needs {prog!r}, which the embedded "
                                           "desktop lacks (its user has no root and no GUI session)")
+
+
+def _check_json_rules(rules: Any, where: str, path: str | Path) -> None:
+    if not isinstance(rules, dict):
+        raise TaskFileError(path, f"{where} must be an object with 'expect' and/or 'unexpect' lists")
+    for group in ("expect", "unexpect"):
+        for j, rule in enumerate(rules.get(group, [])):
+            if not isinstance(rule, dict) or not isinstance(rule.get("key"), list) or "method" not in rule:
+                raise TaskFileError(path, f"{where}.{group}[{j}] needs 'key' (a list) and 'method'")
+            if not json_method_supported(rule["method"]):
+                raise TaskFileError(path, f"{where}.{group}[{j}].method {rule['method']!r} is not supported "
+                                          f"(known: {sorted(JSON_METHODS)}, re[.FLAGS])")
 
 
 def gui_noop(command: Any) -> bool:
@@ -191,12 +215,39 @@ def compare_text_file(result_path: str | None, expected_path: str | None, ignore
     return float(got == want)
 
 
-def compare_csv(result_path: str | None, expected_path: str | None, **options: Any) -> float:
+def compare_csv(result_path: str | None, expected_path: str | None, strict: bool = True,
+                ignore_case: bool = False) -> float:
+    """OSWorld's compare_csv: the files' lines, exactly (``strict=False`` strips each line first)."""
     got, want = _read(result_path), _read(expected_path)
     if got is None or want is None:
         return 0.0
-    rows = lambda text: [[c.strip() for c in row] for row in csv.reader(text.splitlines()) if row]  # noqa: E731
-    return float(rows(got) == rows(want))
+    got_lines, want_lines = got.splitlines(), want.splitlines()
+    if not strict:
+        got_lines, want_lines = [x.strip() for x in got_lines], [x.strip() for x in want_lines]
+    if ignore_case:
+        got_lines, want_lines = [x.lower() for x in got_lines], [x.lower() for x in want_lines]
+    return float(got_lines == want_lines)
+
+
+def _cell(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
+def compare_table(result_path: str | None, expected_path: str | None) -> float:
+    """OSWorld's compare_table with its default rule (the sheets' data equal, as pandas compares them), for the
+    desktop's CSV sheets: cell by cell, numbers by value (``12.5`` equals ``12.50``), text stripped. OSWorld's
+    ``rules`` option (formatting, charts, pivot tables of xlsx files) is refused when a task file is loaded."""
+    got, want = _read(result_path), _read(expected_path)
+    if got is None or want is None:
+        return 0.0
+    try:
+        rows = lambda text: [[_cell(c) for c in row] for row in csv.reader(text.splitlines()) if row]  # noqa: E731
+        return float(rows(got) == rows(want))
+    except csv.Error:  # not a CSV file (a field too large, a NUL byte): not the expected table
+        return 0.0
 
 
 def _dig(data: Any, keys: list[Any]) -> tuple[bool, Any]:
@@ -210,34 +261,55 @@ def _dig(data: Any, keys: list[Any]) -> tuple[bool, Any]:
     return True, data
 
 
+JSON_METHODS = frozenset({"eq", "ne", "le", "lt", "ge", "gt", "str_list_eq", "str_set_eq"})
+RE_FLAGS = frozenset({"I", "M", "S", "X", "A", "IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII"})
+
+
+def json_method_supported(method: Any) -> bool:
+    if not isinstance(method, str):
+        return False
+    head, *flags = method.split(".")
+    return method in JSON_METHODS or (head == "re" and all(f in RE_FLAGS for f in flags))
+
+
+def _match_rule(value: Any, rule: dict[str, Any]) -> bool:
+    """OSWorld's ``_match_value_to_rule`` for the methods the desktop supports (``JSON_METHODS``, ``re[.FLAGS]``)."""
+    method, ref = rule["method"], rule.get("ref")
+    if method == "re" or method.startswith("re."):
+        flags = 0
+        for name in method.split(".")[1:]:
+            flags |= getattr(re, name)
+        return isinstance(value, str) and re.search(ref, value, flags) is not None
+    if method in ("eq", "ne", "le", "lt", "ge", "gt"):
+        return bool(getattr(operator, method)(value, ref))
+    if method == "str_list_eq":
+        return isinstance(value, str) and value.split(",") == ref
+    if method == "str_set_eq":
+        return isinstance(value, str) and set(value.split(",")) == set(ref)
+    raise ValueError(f"check_json: method {method!r} is not supported")  # load_task refuses these first
+
+
 def check_json(result_path: str | None, rules: dict[str, Any], is_yaml: bool = False) -> float:
     """OSWorld's check_json: every ``expect`` rule holds and no ``unexpect`` rule does. A rule is
-    ``{"key": [path...], "method": "eq"|"ne"|"has"|"in", "ref": value}``."""
+    ``{"key": [path...], "method": ..., "ref": value}``; a missing key fails the whole check, as in OSWorld."""
     text = _read(result_path)
-    if text is None:
+    if text is None or is_yaml:  # YAML is refused when the task file is loaded
         return 0.0
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than any real config
         return 0.0
-
-    def holds(rule: dict[str, Any]) -> bool:
-        found, value = _dig(data, rule["key"])
-        method, ref = rule.get("method", "eq"), rule.get("ref")
-        if not found:
-            return False
-        if method == "eq":
-            return value == ref
-        if method == "ne":
-            return value != ref
-        if method == "has":
-            return ref in value
-        if method == "in":
-            return value in ref
-        raise ValueError(f"check_json: unknown method {method!r}")
-
-    return float(all(holds(r) for r in rules.get("expect", []))
-                 and not any(holds(r) for r in rules.get("unexpect", [])))
+    ok = True
+    for expect, group in ((True, rules.get("expect", [])), (False, rules.get("unexpect", []))):
+        for rule in group:
+            found, value = _dig(data, rule["key"])
+            if not found:
+                return 0.0
+            try:
+                ok = ok and _match_rule(value, rule) == expect
+            except TypeError:  # comparing what the agent wrote with a reference of another type
+                return 0.0
+    return float(ok)
 
 
 def infeasible(*_: Any, **__: Any) -> float:
@@ -250,10 +322,19 @@ METRICS: dict[str, Callable[..., float]] = {
     "check_include_exclude": check_include_exclude,
     "compare_text_file": compare_text_file,
     "compare_csv": compare_csv,
-    "compare_table": compare_csv,
+    "compare_table": compare_table,
     "check_json": check_json,
     "infeasible": infeasible,
 }
+
+
+METRIC_OPTIONS: dict[str, frozenset[str]] = {
+    "exact_match": frozenset(), "check_include_exclude": frozenset(),
+    "compare_text_file": frozenset({"ignore_blanks", "ignore_case"}),
+    "compare_csv": frozenset({"strict", "ignore_case"}), "compare_table": frozenset(),
+    "check_json": frozenset({"is_yaml"}), "infeasible": frozenset(),
+}
+assert set(METRIC_OPTIONS) == set(METRICS)
 
 
 def combine(scores: list[float], conj: str) -> float:

@@ -38,6 +38,7 @@ class ProgramHtml(msgspec.Struct, frozen=True, kw_only=True):
     url: str
     locator: str
     required_contents: dict[str, Any]
+    prep_actions: list[Any] = []  # JavaScript WebArena runs before selecting: we have none, such targets are refused
 
 
 class Eval(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,6 +137,16 @@ def check_supported(task: WebArenaTask, path: str | Path) -> None:
         if len(kinds) != 1 or not kinds <= {"exact_match", "must_include"}:
             raise TaskFileError(path, f"eval.program_html[{i}].required_contents must have exactly one of "
                                       f"exact_match, must_include; got {sorted(kinds)}")
+        value = next(iter(target.required_contents.values()))
+        if "must_include" in kinds and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise TaskFileError(path, f"eval.program_html[{i}].required_contents.must_include must be a list of "
+                                      f"strings, got {value!r}")
+        if "exact_match" in kinds and not isinstance(value, str):
+            raise TaskFileError(path, f"eval.program_html[{i}].required_contents.exact_match must be a string, "
+                                      f"got {value!r}")
+        if target.prep_actions:
+            raise TaskFileError(path, f"eval.program_html[{i}].prep_actions (JavaScript run before selecting) is "
+                                      f"not supported: the text browser runs no scripts")
 
 
 # -- string_match ---------------------------------------------------------------------------------------------------
@@ -180,8 +191,10 @@ def token_overlap_judge(intent: str, reference: str, prediction: str) -> float:
 
 
 def string_match(answer: str, reference_answers: dict[str, Any], intent: str,
-                 judge: Judge = token_overlap_judge) -> float:
-    """WebArena's StringEvaluator: the product of every reference kind's score."""
+                 judge: Judge = token_overlap_judge, string_note: str | None = None) -> float:
+    """WebArena's StringEvaluator: the product of every reference kind's score. For an unachievable task
+    (``fuzzy_match: "N/A"``) an answer other than exactly "N/A" is judged against the task's ``string_note`` (the
+    reason it is unachievable), as WebArena's ``ua_match`` does."""
     score = 1.0
     for kind, value in reference_answers.items():
         if kind == "exact_match":
@@ -193,6 +206,8 @@ def string_match(answer: str, reference_answers: dict[str, Any], intent: str,
         elif kind == "fuzzy_match":
             if value == "N/A":  # the task is not achievable: the answer must say so
                 score *= exact_match("N/A", answer)
+                if score != 1 and string_note:
+                    score = judge(intent, string_note, answer)
             else:
                 for v in value if isinstance(value, list) else [value]:
                     score *= judge(intent, str(v), answer)
@@ -276,21 +291,38 @@ JsonReader = Callable[[str], Any]
 """(path on the shop, such as ``/rest/V1/orders/latest``) -> the decoded JSON answer."""
 
 
+def target_urls(targets: list[ProgramHtml], shopping_base: str, latest_order_id: Any = None) -> list[str | None]:
+    """The page each target reads: its URL expanded, or None for the agent's page as it is. As in WebArena, a
+    target with a URL navigates there, and a later ``last`` reads the page the evaluator navigated to last."""
+    urls: list[str | None] = []
+    last: str | None = None
+    for target in targets:
+        url = parse_target_url(target.url)
+        if url is None:
+            raise ValueError(f"unsupported program_html url {target.url!r}")  # load_task refuses these first
+        if url == LATEST_ORDER:
+            url = f"{shopping_base.rstrip('/')}/sales/order/view/order_id/{latest_order_id}/"
+        if url != "last":
+            last = expand_url(url, shopping_base)
+        urls.append(last)
+    return urls
+
+
+def needs_latest_order(targets: list[ProgramHtml]) -> bool:
+    return any(t.url.strip() == LATEST_ORDER for t in targets)
+
+
 def program_html(targets: list[ProgramHtml], shopping_base: str, read_page: PageReader,
                  read_json: JsonReader) -> float:
     """WebArena's HTMLContentEvaluator: for each target, go to its URL (or stay on the last page), select the
     locator's text, and require its contents; the score is the product. One deviation, stated: an empty locator
     selects the page's text where WebArena takes its HTML source (same answers for text; no markup to match)."""
+    latest = read_json("/rest/V1/orders/latest").get("order_id") if needs_latest_order(targets) else None
     score = 1.0
-    for target in targets:
-        url = parse_target_url(target.url)
+    for target, page_url in zip(targets, target_urls(targets, shopping_base, latest)):
         locator = parse_locator(target.locator)
-        if url is None or locator is None:
-            raise ValueError(f"unsupported program_html target {target}")  # load_task refuses these first
-        if url == LATEST_ORDER:
-            order_id = read_json("/rest/V1/orders/latest").get("order_id")
-            url = f"{shopping_base.rstrip('/')}/sales/order/view/order_id/{order_id}/"
-        page_url = None if url == "last" else expand_url(url, shopping_base)
+        if locator is None:
+            raise ValueError(f"unsupported program_html locator {target.locator!r}")  # refused at load
         if locator.kind in ("page", "selector"):
             selected = read_page(page_url, locator.selector)
         else:

@@ -164,7 +164,7 @@ def cart(rows: list[tuple[Any, int]], message: str = "") -> str:
         return _page("Shopping Cart", "<div class=\"cart-empty\">You have no items in your shopping cart.</div>",
                      message)
     items = "".join(
-        f"<tr class=\"item-info\"><td class=\"col item\"><img class=\"product-image-photo\" "
+        f"<tr class=\"item-info\" data-sku=\"{e(p.sku)}\"><td class=\"col item\"><img class=\"product-image-photo\" "
         f"src=\"{image_url(p.sku)}\" width=\"165\" height=\"165\" alt=\"\"><a class=\"product-item-link\" href=\"{p.url}\">"
         f"{e(p.name)}</a></td><td class=\"col price\"><span class=\"price\">{p.price}</span></td>"
         f"<td class=\"col qty\">Qty: {qty}</td><td class=\"col actions\">"

@@ -115,7 +115,8 @@ class WebShopSuite(Suite):
         score = 1.0
         for kind in spec.eval.eval_types:
             if kind == "string_match":
-                score *= webarena.string_match(answer, spec.eval.reference_answers or {}, spec.intent, self.judge)
+                score *= webarena.string_match(answer, spec.eval.reference_answers or {}, spec.intent, self.judge,
+                                               spec.eval.string_note)
             elif kind == "url_match":
                 page = await checked(ws, "_url", {})
                 score *= webarena.url_match(webarena.expand_url(spec.eval.reference_url or "", self.base_url),
@@ -125,24 +126,22 @@ class WebShopSuite(Suite):
         return score
 
     async def _program_html(self, ws: Workspace, spec: webarena.WebArenaTask) -> float:
-        # The evaluator reads through the workspace; gather what it will ask for first (it is synchronous).
-        pages: dict[tuple[str | None, str], str] = {}
+        # The evaluator is synchronous and reads through the workspace: fetch what it will read first.
+        targets = spec.eval.program_html
         answers: dict[str, Any] = {}
-        for target in spec.eval.program_html:
-            url = webarena.parse_target_url(target.url)
+        latest = None
+        if webarena.needs_latest_order(targets):
+            latest_path = "/rest/V1/orders/latest"
+            answers[latest_path] = (await checked(ws, "_shop_json", {"path": latest_path})).data["json"]
+            latest = answers[latest_path].get("order_id")
+        pages: dict[tuple[str | None, str], str] = {}
+        for target, page_url in zip(targets, webarena.target_urls(targets, self.base_url, latest)):
             locator = webarena.parse_locator(target.locator)
-            assert url is not None and locator is not None  # load_task refused anything else
-            if url == webarena.LATEST_ORDER:
-                latest = await checked(ws, "_shop_json", {"path": "/rest/V1/orders/latest"})
-                answers["/rest/V1/orders/latest"] = latest.data["json"]
-                url = f"{self.base_url}/sales/order/view/order_id/{latest.data['json'].get('order_id')}/"
-            page_url = None if url == "last" else webarena.expand_url(url, self.base_url)
+            assert locator is not None  # load_task refused anything else
             if locator.kind in ("page", "selector"):
                 got = await checked(ws, "_page_text", {"url": page_url, "selector": locator.selector})
                 pages[(page_url, locator.selector)] = got.output
             else:
                 path = f"/rest/V1/products/{locator.sku}/reviews"
                 answers[path] = (await checked(ws, "_shop_json", {"path": path})).data["json"]
-        return webarena.program_html(spec.eval.program_html, self.base_url, lambda u, s: pages[(u, s)],
-                                     answers.__getitem__)
-
+        return webarena.program_html(targets, self.base_url, lambda u, s: pages[(u, s)], answers.__getitem__)

@@ -24,7 +24,7 @@ from .catalog import Catalog, Product
 from .search import SearchIndex
 from .store import SHIPPING_PER_ITEM_CENTS, order_history
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DEFAULT_CATALOG_SIZE = 20_000
 DEFAULT_CATALOG_SEED = 0
 PER_TEMPLATE = 7
@@ -116,7 +116,7 @@ def review_count(shop: Shop, rng: random.Random, i: int) -> dict[str, Any]:
 
 def product_attribute(shop: Shop, rng: random.Random, i: int) -> dict[str, Any]:
     p = shop.products[rng.choice(shop.findable)]
-    attribute = ["color", "material", "model"][i % 3]
+    attribute = ["color", "material"][i % 2]  # not the model: it is the last word of the name, in the question
     value = p.attributes[attribute]
     return _task("product_attribute", 2, "What is the {attribute} of {product}?",
                  {"attribute": attribute, "product": p.name},
@@ -178,8 +178,8 @@ def add_to_cart(shop: Shop, rng: random.Random, i: int) -> dict[str, Any]:
     return _task("add_to_cart", 7, "Add {qty} of {product} to my cart", {"qty": qty, "product": p.name},
                  {"eval_types": ["program_html"], "program_html": [
                      {"url": "__SHOPPING__/checkout/cart/",
-                      "locator": "document.querySelector('#shopping-cart-table').outerText",
-                      "required_contents": {"must_include": [p.name, f"Qty: {qty}"]}}]},
+                      "locator": f"document.querySelector('tr[data-sku=\"{p.sku}\"] .col.qty').outerText",
+                      "required_contents": {"exact_match": f"Qty: {qty}"}}]},
                  [*_find(p.name), f"type [@textbox 'Qty'] [{qty}] [0]", "click [@button 'Add to Cart']", "stop []"])
 
 
@@ -200,7 +200,8 @@ def checkout(shop: Shop, rng: random.Random, i: int) -> dict[str, Any]:
                       "required_contents": {"must_include": [p.name]}},
                      {"url": "func:shopping_get_latest_order_url()",
                       "locator": "document.querySelector('.box-order-shipping-address').outerText",
-                      "required_contents": {"must_include": [f"{first} {last}", street, city, postcode]}}]},
+                      "required_contents": {"must_include": [f"{first} {last}", street, city, region, postcode,
+                                                             country, phone]}}]},
                  [*_find(p.name), "click [@button 'Add to Cart']", "click [@link 'Proceed to Checkout']",
                   *(f"type [@textbox '{label}'] [{value}] [0]" for label, value in fields),
                   "click [@button 'Place Order']", "stop []"])
