@@ -1,0 +1,141 @@
+"""The records of a rollout: what a trainer learns from and what replay re-executes.
+
+Owns: ``ToolCall`` (re-exported from the workspace protocol) and its canonical form, ``StepObservation``,
+``Step``, ``Trajectory``, ``TaskSpec``, ``RolloutRequest``, ``RolloutResult``, and JSON Lines on disk.
+The canonical form of a call (name plus arguments with sorted keys, compact JSON) is the key the prefix tree and
+speculation match on: two calls are the same call exactly when their canonical forms are equal.
+Must never: keep bulky binary observation data in a record (screenshots are kept as digests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.records import Observation, ToolCall
+
+__all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
+           "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
+
+_canonical_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def canonical(call: ToolCall) -> bytes:
+    """``{"args":{...},"name":...}`` with every object's keys sorted: equal exactly for equal calls."""
+    return _canonical_encoder.encode(call)
+
+
+class Status:
+    """How a rollout ended. Everything but ``OK`` ends only that rollout; the batch goes on."""
+
+    OK = "ok"  # the episode ended with the suite's final action and was scored
+    MAX_STEPS = "max_steps"  # the step limit came first; scored as it stands
+    POLICY_TIMEOUT = "policy_timeout"
+    POLICY_ERROR = "policy_error"
+    MALFORMED_ACTION = "malformed_action"  # not the suite's action language, or names no element on the page
+    WORKSPACE_FAILED = "workspace_failed"  # the workspace died or broke (killed, out of memory, ...)
+    CALL_TIMEOUT = "call_timeout"
+    ROLLOUT_TIMEOUT = "rollout_timeout"
+    EVALUATOR_ERROR = "evaluator_error"
+    SETUP_FAILED = "setup_failed"  # the group's base workspace could not be made or its task set up
+    ALL = (OK, MAX_STEPS, POLICY_TIMEOUT, POLICY_ERROR, MALFORMED_ACTION, WORKSPACE_FAILED, CALL_TIMEOUT,
+           ROLLOUT_TIMEOUT, EVALUATOR_ERROR, SETUP_FAILED)
+
+
+class StepObservation(msgspec.Struct, frozen=True, kw_only=True):
+    """An observation as recorded: text and status; binary data (screenshots) as sha256 digests."""
+
+    output: str = ""
+    error: str | None = None
+    exit_code: int | None = None
+    data: dict[str, Any] = {}
+    digests: dict[str, str] = {}
+
+    @classmethod
+    def of(cls, obs: Observation) -> StepObservation:
+        data, digests = {}, {}
+        for key, value in obs.data.items():
+            if isinstance(value, bytes | bytearray | memoryview):
+                digests[key] = hashlib.sha256(value).hexdigest()
+            else:
+                data[key] = value
+        return cls(output=obs.output, error=obs.error, exit_code=obs.exit_code, data=data, digests=digests)
+
+
+class Step(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    call: ToolCall  # as the workspace took it (element names resolved to ids)
+    observation: StepObservation
+    reasoning_s: float  # the policy's thinking time before this call
+    tool_s: float  # the tool call's time in the workspace
+    source: str = "executed"  # "executed" | "cached" | "speculated" (the prefix tree and speculation)
+    action_text: str | None = None  # what the policy said, when it spoke the suite's action language
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
+    suite: str
+    task_id: str
+
+
+class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One GRPO group: ``group_size`` samples of one task, forked from one initialised workspace."""
+
+    task: TaskSpec
+    group_size: int = 1
+    seed: int = 0
+    group_id: str = ""
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    task_id: str
+    suite: str
+    group_id: str
+    sample: int
+    seed: int
+    instruction: str = ""
+    first_observation: StepObservation | None = None
+    steps: list[Step] = []
+    final: ToolCall | None = None
+    final_text: str | None = None
+    reward: float = 0.0
+    status: str = Status.OK
+    error: str | None = None
+    timings: dict[str, float] = {}  # wall_s, reasoning_s, tool_s, fork_s, evaluate_s, admission_wait_s
+    lineage: list[str] = []  # workspace ids from the group's base to this sample's workspace
+    backend: str = "cow"
+    prompt_token_ids: list[int] | None = None
+
+
+class RolloutResult(msgspec.Struct, kw_only=True):
+    trajectory: Trajectory
+    peak_memory_bytes: int = 0  # the run's memory when this rollout finished (for progress displays)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Trajectory)
+
+
+def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
+    n = 0
+    with open(path, "wb") as f:
+        for t in trajectories:
+            f.write(_encoder.encode(t) + b"\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
+    """Trajectories from a JSON Lines file; a bad line raises ``msgspec.ValidationError`` naming line and field."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    yield _decoder.decode(line)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    raise msgspec.ValidationError(f"{path}:{number}: {exc}") from None

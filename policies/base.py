@@ -1,0 +1,56 @@
+"""The policy contract: what decides a rollout's next action.
+
+Owns: ``PolicyContext`` (what a policy sees: the task, the observations so far, its sample's seed) and
+``Decision`` (the action, as the suite's action text or a tool call, plus the reasoning time and, for model
+servers, token ids and log-probs), and ``Policy`` itself. The engine awaits ``decide`` under a timeout; a policy
+that raises ends its rollout with ``policy_error``, one that is too slow with ``policy_timeout``.
+Must never: touch the workspace (a policy only reads observations; the engine executes).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.records import ToolCall
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    action: str | ToolCall  # the suite's action language ("click [12]", "DONE") or a tool call
+    reasoning_s: float = 0.0  # how long the model thought (modelled or measured)
+    token_ids: list[int] | None = None  # the response's tokens, when the policy has them
+    logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+@dataclass
+class PolicyContext:
+    suite: str
+    task_id: str
+    group_id: str
+    sample: int
+    seed: int
+    instruction: str
+    reference: list[ToolCall]  # the task's reference solution (scripted policies follow it; others ignore it)
+    observations: list[str] = field(default_factory=list)  # what the agent saw so far, oldest first
+    actions: list[str] = field(default_factory=list)  # what it did so far (action text or canonical call)
+    step: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(abc.ABC):
+    name: str = "policy"
+
+    @abc.abstractmethod
+    async def decide(self, ctx: PolicyContext) -> Decision:
+        """The next action for the rollout ``ctx`` describes."""
+
+    async def close(self) -> None:
+        """Release connections and the like."""
+
+
+class PolicyError(RuntimeError):
+    """A policy could not decide (a model server's error, a recording without this step): ends that rollout."""
