@@ -1,4 +1,5 @@
-"""The ``bunshin`` command line: ``doctor``, ``demo``, ``suite check``, ``bench fork``, ``bench sharing``.
+"""The ``bunshin`` command line: ``doctor``, ``demo``, ``eval``, ``replay``, ``suite check``, ``bench fork``,
+``bench sharing``.
 
 Owns: parsing arguments and dispatching; every command's work lives in its own module.
 """
@@ -88,6 +89,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--clones", type=int, default=4)
     demo.add_argument("--backend", choices=BACKENDS, default="cow")
 
+    ev = sub.add_parser("eval", help="roll out GRPO groups on a suite and write trajectories and a summary")
+    _suite_arguments(ev)
+    ev.add_argument("--tasks", type=Path, help="a file of task ids, one a line (default: the suite's tasks)")
+    ev.add_argument("--policy", default="scripted", help="scripted | replay:PATH | openai:URL (default scripted)")
+    ev.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    ev.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
+    ev.add_argument("--concurrency", type=int, default=8, help="rollouts at once")
+    ev.add_argument("--memory-budget", type=nbytes_of, default=None, help="admit rollouts within this memory")
+    ev.add_argument("--backend", choices=BACKENDS, default="cow")
+    ev.add_argument("--time-scale", type=float, default=0.05,
+                    help="scripted policy: multiply its modelled reasoning time (1 = seconds per step)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--max-steps", type=int, default=40)
+    ev.add_argument("--out", type=Path, required=True, help="directory for trajectories.jsonl and summary.json")
+
+    rp = sub.add_parser("replay", help="re-execute recorded trajectories in fresh workspaces and compare")
+    rp.add_argument("trajectories", type=Path)
+    rp.add_argument("--backend", choices=BACKENDS, default="cow")
+    rp.add_argument("--concurrency", type=int, default=8)
+    rp.add_argument("--catalog-size", type=int, help="web shop: as the recording was made")
+    rp.add_argument("--set", type=_knob, action="append", default=[], metavar="KNOB=VALUE")
+    rp.add_argument("--json", type=Path, help="write the comparison as JSON here")
+
     suite = sub.add_parser("suite", help="the embedded task suites")
     suite_sub = suite.add_subparsers(dest="suite_command", required=True)
     check = suite_sub.add_parser("check", help="run every task's reference solution and a null attempt")
@@ -140,6 +164,32 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import sharing as bench_sharing
 
         return loop.run(bench_sharing.main(make_suite(args), args.steps, args.template, args.json, args.plot))
+    if args.command == "eval":
+        from .evaluate import make_policy, run_eval
+
+        policy = make_policy(args.policy, args.time_scale)
+        summary = loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
+                                    group_size=args.group_size, concurrency=args.concurrency,
+                                    memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
+                                    max_steps=args.max_steps))
+        print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
+        return 0 if summary["rollouts"] else 1
+    if args.command == "replay":
+        from .bench.report import write_json
+        from .evaluate import run_replay
+        from .records import read_jsonl
+
+        first = next(read_jsonl(args.trajectories), None)
+        if first is None:
+            raise SystemExit(f"{args.trajectories}: no trajectories")
+        args.suite = first.suite
+        report = loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
+                                     concurrency=args.concurrency))
+        print(json.dumps({k: v for k, v in report.items() if k != "differences"}))
+        if args.json:
+            write_json(args.json, report)
+        ok = report["identical_observations"] == report["identical_rewards"] == report["trajectories"]
+        return 0 if ok else 1
     if args.command == "suite" and args.suite_command == "check":
         from .bench.report import write_json
         from .suite_check import check as check_suite

@@ -97,7 +97,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     suite: str
     group_id: str
     sample: int
-    seed: int
+    seed: int  # this sample's seed (its workspace's and its policy's), derived from the run seed
+    run_seed: int = 0
     instruction: str = ""
     first_observation: StepObservation | None = None
     steps: list[Step] = []

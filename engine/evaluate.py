@@ -1,0 +1,151 @@
+"""``bunshin eval`` and ``bunshin replay``: a batch of rollouts from the command line, and re-executing a record.
+
+Owns: choosing the policy from its spec (``scripted``, ``replay:PATH``, ``openai:URL``), the progress display, the
+summary (table on stdout, ``summary.json``), ``trajectories.jsonl``, and the replay comparison
+``{"trajectories", "identical_observations", "identical_rewards"}``.
+Must never: lose a finished rollout: trajectories are appended to the file as they finish.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.suites.base import Suite
+from bunshin.policies.base import Policy
+
+from .bench.report import human_bytes, markdown_table, write_json
+from .records import RolloutRequest, Status, TaskSpec, Trajectory, read_jsonl
+from .rollout import RolloutEngine
+
+
+def make_policy(spec: str, time_scale: float) -> Policy:
+    if spec == "scripted":
+        from bunshin.policies.scripted import ScriptedPolicy
+
+        return ScriptedPolicy(time_scale=time_scale)
+    if spec.startswith("replay:"):
+        from bunshin.policies.replay import ReplayPolicy
+
+        return ReplayPolicy.from_file(spec.removeprefix("replay:"))
+    if spec.startswith("openai:"):
+        from bunshin.policies.openai import OpenAIPolicy
+
+        return OpenAIPolicy(spec.removeprefix("openai:"))
+    raise ValueError(f"unknown policy {spec!r}: use scripted, replay:PATH or openai:URL")
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal and printed every few seconds otherwise."""
+
+    def __init__(self, total: int, out: Any = sys.stderr):
+        self.total, self.out = total, out
+        self.done = self.ok = self.failed = 0
+        self.started = time.monotonic()
+        self.last_print = 0.0
+        self.tty = getattr(out, "isatty", lambda: False)()
+
+    def update(self, t: Trajectory, memory: int) -> None:
+        self.done += 1
+        self.ok += t.status == Status.OK
+        self.failed += t.status != Status.OK
+        now = time.monotonic()
+        width = 30
+        bar = "#" * (width * self.done // max(self.total, 1))
+        line = (f"[{bar:<{width}}] {self.done}/{self.total} rollouts  ok {self.ok}  failed {self.failed}  "
+                f"memory {human_bytes(memory)}  {now - self.started:.0f}s")
+        if self.tty:
+            print("\r" + line, end="" if self.done < self.total else "\n", file=self.out, flush=True)
+        elif now - self.last_print > 5 or self.done == self.total:
+            print(line, file=self.out, flush=True)
+            self.last_print = now
+
+
+def summarize(trajectories: list[Trajectory], wall_s: float, peak: int, gib_s: float, backend: str) -> dict[str, Any]:
+    statuses: dict[str, int] = {}
+    for t in trajectories:
+        statuses[t.status] = statuses.get(t.status, 0) + 1
+    ok = [t for t in trajectories if t.status == Status.OK]
+    return {"rollouts": len(trajectories), "succeeded": len(ok), "failed": len(trajectories) - len(ok),
+            "mean_reward": round(sum(t.reward for t in trajectories) / len(trajectories), 4) if trajectories else 0.0,
+            "success_rate": round(sum(t.reward == 1.0 for t in trajectories) / len(trajectories), 4)
+            if trajectories else 0.0,
+            "wall_s": round(wall_s, 2), "peak_memory_bytes": peak, "total_memory_gib_s": round(gib_s, 3),
+            "backend": backend, "tasks": len({t.task_id for t in trajectories}), "statuses": statuses}
+
+
+async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path | None = None,
+                   limit: int | None = None, group_size: int = 4, concurrency: int = 8,
+                   memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
+                   max_steps: int = 40) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    trajectories: list[Trajectory] = []
+    encoder = msgspec.json.Encoder()
+    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, memory_budget=memory_budget,
+                             max_steps=max_steps) as engine:
+        ids = None
+        if tasks_file is not None:
+            ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
+            unknown = [i for i in ids if i not in engine.tasks]
+            if unknown:
+                raise SystemExit(f"{tasks_file}: unknown task ids {unknown[:5]} for suite {suite.name}")
+        requests = engine.requests(ids, limit=limit, group_size=group_size, seed=seed)
+        progress = Progress(sum(r.group_size for r in requests))
+        started = time.monotonic()
+        with open(out / "trajectories.jsonl", "wb") as f:
+            async for result in engine.stream(requests):
+                trajectories.append(result.trajectory)
+                f.write(encoder.encode(result.trajectory) + b"\n")
+                f.flush()
+                progress.update(result.trajectory, engine.meter.now())
+        wall = time.monotonic() - started
+    summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
+    write_json(out / "summary.json", summary)
+    print(markdown_table([{**summary, "peak": human_bytes(summary["peak_memory_bytes"]),
+                           "success": f"{summary['success_rate']:.0%}"}],
+                         [("tasks", "tasks"), ("rollouts", "rollouts"), ("succeeded", "finished"),
+                          ("failed", "failed"), ("success", "success rate"), ("mean_reward", "mean reward"),
+                          ("wall_s", "wall s"), ("peak", "peak memory"), ("total_memory_gib_s", "GiB*s"),
+                          ("backend", "backend")]))
+    if summary["failed"]:
+        print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
+                                                       if k != Status.OK))
+    return summary
+
+
+async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurrency: int = 8) -> dict[str, Any]:
+    """Re-execute recorded trajectories in fresh workspaces; compare observations and rewards step by step."""
+    from bunshin.policies.replay import ReplayPolicy
+
+    recorded = list(read_jsonl(path))
+    policy = ReplayPolicy(recorded)
+    requests, seen = [], set()
+    for t in recorded:
+        if t.group_id not in seen:
+            seen.add(t.group_id)
+            size = sum(1 for u in recorded if u.group_id == t.group_id)
+            requests.append(RolloutRequest(task=TaskSpec(suite=t.suite, task_id=t.task_id), group_size=size,
+                                           seed=t.run_seed, group_id=t.group_id))
+    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency) as engine:
+        replayed = {(r.trajectory.group_id, r.trajectory.sample): r.trajectory
+                    for r in await engine.run(requests)}
+    same_obs = same_reward = 0
+    differences = []
+    for t in recorded:
+        again = replayed.get((t.group_id, t.sample))
+        if again is None:
+            differences.append({"task": t.task_id, "sample": t.sample, "what": "not replayed"})
+            continue
+        obs_equal = (again.first_observation == t.first_observation
+                     and [s.observation for s in again.steps] == [s.observation for s in t.steps])
+        same_obs += obs_equal
+        same_reward += again.reward == t.reward
+        if not obs_equal or again.reward != t.reward:
+            differences.append({"task": t.task_id, "sample": t.sample, "observations_equal": obs_equal,
+                                "reward": [t.reward, again.reward], "status": [t.status, again.status]})
+    return {"trajectories": len(recorded), "identical_observations": same_obs, "identical_rewards": same_reward,
+            "differences": differences[:20]}
