@@ -1,0 +1,451 @@
+"""The OpenAI-compatible policy against a real scripted model server (``tests/openai_server.py``, its own process,
+spoken to over HTTP): actions from tool calls and from text, token ids and log-probs as vLLM and SGLang return
+them, what the request carries, model discovery, and every server failure as a ``PolicyError`` naming the URL.
+No workspace runtime is needed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bunshin.envs.records import ToolCall
+from bunshin.policies.base import Decision, PolicyContext, PolicyError
+from bunshin.policies.openai import ACT_TOOL, OpenAIPolicy, strip_fences
+from tests.openai_server import logprob_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ScriptedServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    script: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests() if r["method"] == "POST"]
+
+
+def processes_running(marker: str) -> list[int]:
+    """Live processes whose command line names ``marker`` (a test's own script file)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def openai_server(tmp_path: Path) -> Iterator[Callable[..., ScriptedServer]]:
+    """Factory: ``server = openai_server(replies, flavor=..., models=...)`` starts the scripted server process;
+    every one started is terminated after the test, and none may be left running."""
+    started: list[ScriptedServer] = []
+
+    def start(replies: list[dict[str, Any]], *, flavor: str = "vllm", models: list[str] | None = None,
+              ) -> ScriptedServer:
+        n = len(started)
+        script, log = tmp_path / f"script-{n}.json", tmp_path / f"requests-{n}.jsonl"
+        script.write_text(json.dumps({"replies": replies, **({"models": models} if models is not None else {})}))
+        with open(tmp_path / f"server-{n}.stderr", "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.openai_server", "--port", "0", "--script",
+                                     str(script), "--log", str(log), "--flavor", flavor],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=err)
+        server = ScriptedServer(proc=proc, port=0, log=log, script=script)
+        started.append(server)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        line = proc.stdout.readline() if ready else b""
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the scripted server did not start: {line!r}; stderr: "
+                               f"{(tmp_path / f'server-{n}.stderr').read_text()}")
+        server.port = int(line)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            if server.proc.poll() is None:
+                server.proc.terminate()
+            try:
+                server.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+                server.proc.wait(timeout=5)
+            if server.proc.stdout is not None:
+                server.proc.stdout.close()
+        for server in started:
+            assert server.proc.returncode is not None
+            assert not processes_running(str(server.script)), f"server process left behind: {server.script}"
+
+
+def context(suite: str = "webshop", *, observations: list[str] | None = None, actions: list[str] | None = None,
+            instruction: str = "Find the price of the Acme Blender.") -> PolicyContext:
+    observations = observations if observations is not None else ["[1] RootWebArea 'One Stop Market'"]
+    actions = actions if actions is not None else []
+    return PolicyContext(suite=suite, task_id="t-0", group_id="g-0", sample=0, seed=7, instruction=instruction,
+                         reference=[], observations=observations, actions=actions, step=len(actions))
+
+
+def check_aligned(decision: Decision) -> None:
+    """Token ids and log-probs are per token of the same response (the fake model's log-prob is a function of
+    the token id)."""
+    assert decision.token_ids and decision.logprobs
+    assert len(decision.token_ids) == len(decision.logprobs)
+    assert decision.logprobs == [logprob_of(t) for t in decision.token_ids]
+
+
+# -- replies --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_tool_call_becomes_the_action_with_token_ids_and_logprobs(openai_server) -> None:
+    server = openai_server([{"action": "click [12]"}, {"action": "stop [$25.99]", "content": "Found it."}])
+    policy = OpenAIPolicy(server.url, "test-model")
+    try:
+        first = await policy.decide(context())
+        second = await policy.decide(context(observations=["a", "b"], actions=["click [12]"]))
+    finally:
+        await policy.close()
+    assert first.action == "click [12]"
+    assert second.action == "stop [$25.99]"  # the tool call wins over the content beside it
+    for d in (first, second):
+        check_aligned(d)
+        assert d.prompt_token_ids and all(isinstance(t, int) for t in d.prompt_token_ids)
+        assert d.reasoning_s > 0
+    assert len(second.prompt_token_ids or []) > len(first.prompt_token_ids or [])  # the history is in the prompt
+    assert policy.last_usage is not None and policy.last_usage["completion_tokens"] == len(second.token_ids or [])
+
+
+@pytest.mark.asyncio
+async def test_token_ids_from_logprob_tokens_when_the_choice_has_none(openai_server) -> None:
+    """vLLM before return_token_ids: the ids come from log-prob tokens written "token_id:N"."""
+    server = openai_server([{"action": "click [3]"}, {"action": "click [3]"}])
+    both = OpenAIPolicy(server.url, "test-model")
+    from_logprobs = OpenAIPolicy(server.url, "test-model", extra_body={"return_token_ids": False})
+    try:
+        reference = await both.decide(context())
+        decision = await from_logprobs.decide(context())
+    finally:
+        await both.close()
+        await from_logprobs.close()
+    assert decision.action == "click [3]"
+    check_aligned(decision)
+    assert decision.token_ids == reference.token_ids
+    assert decision.prompt_token_ids is None  # vLLM sends those only with return_token_ids
+    body = server.chat_bodies()[1]
+    assert body["return_token_ids"] is False and body["return_tokens_as_token_ids"] is True
+
+
+@pytest.mark.asyncio
+async def test_sglang_token_ids_and_prompt_ids_on_the_choice(openai_server) -> None:
+    server = openai_server([{"action": "scroll [down]"}], flavor="sglang")
+    policy = OpenAIPolicy(server.url, "test-model")
+    try:
+        decision = await policy.decide(context())
+    finally:
+        await policy.close()
+    assert decision.action == "scroll [down]"
+    check_aligned(decision)
+    assert decision.prompt_token_ids
+
+
+@pytest.mark.asyncio
+async def test_without_token_ids_or_logprobs(openai_server) -> None:
+    server = openai_server([{"action": "DONE"}, {"action": "FAIL"}])
+    policy = OpenAIPolicy(server.url, "test-model", token_ids=False)
+    bare = OpenAIPolicy(server.url, "test-model", token_ids=False, logprobs=False)
+    try:
+        decision = await policy.decide(context("desktop"))
+        plain = await bare.decide(context("desktop"))
+    finally:
+        await policy.close()
+        await bare.close()
+    assert decision.action == "DONE" and decision.token_ids is None and decision.prompt_token_ids is None
+    assert decision.logprobs and all(lp <= 0 for lp in decision.logprobs)
+    assert plain.action == "FAIL" and plain.logprobs is None and plain.token_ids is None
+    first, second = server.chat_bodies()
+    assert first["logprobs"] is True
+    for key in ("return_token_ids", "return_prompt_token_ids", "return_tokens_as_token_ids"):
+        assert key not in first and key not in second
+    assert "logprobs" not in second
+
+
+@pytest.mark.asyncio
+async def test_content_reply_with_a_code_fence_is_stripped(openai_server) -> None:
+    desktop_json = '{"name": "terminal", "args": {"command": "ls -la"}}'
+    server = openai_server([
+        {"content": "The search box is [7].\n```\ntype [7] [blender] [1]\n```"},
+        {"content": f"```json\n{desktop_json}\n```"},
+        {"content": "<think>the file is saved</think>\n```DONE```"},
+        {"content": "  terminal: cat notes.txt \n"},
+    ])
+    policy = OpenAIPolicy(server.url, "test-model", tools=[])
+    try:
+        actions = [(await policy.decide(context(suite))).action
+                   for suite in ("webshop", "desktop", "desktop", "desktop")]
+    finally:
+        await policy.close()
+    assert actions == ["type [7] [blender] [1]", desktop_json, "DONE", "terminal: cat notes.txt"]
+    body = server.chat_bodies()[0]
+    assert "tools" not in body and "tool_choice" not in body  # tools=[]: plain-text actions
+    assert "```" in body["messages"][0]["content"]  # and the prompt asks for a fenced action
+
+
+@pytest.mark.asyncio
+async def test_other_tool_calls_and_malformed_arguments(openai_server) -> None:
+    sheet_tool = {"type": "function", "function": {"name": "sheet_set", "parameters": {
+        "type": "object", "properties": {"cell": {"type": "string"}, "value": {"type": "string"}}}}}
+    server = openai_server([
+        {"tool": "sheet_set", "arguments": {"cell": "B2", "value": "42"}},
+        {"tool": "act", "arguments": "{\"action\": \"click [1]\""},  # the model's JSON is cut off
+        {"content": None},  # neither content nor a tool call
+    ])
+    policy = OpenAIPolicy(server.url, "test-model", tools=[ACT_TOOL, sheet_tool])
+    try:
+        call = await policy.decide(context("desktop"))
+        broken = await policy.decide(context("desktop"))
+        empty = await policy.decide(context("desktop"))
+    finally:
+        await policy.close()
+    assert call.action == ToolCall(name="sheet_set", args={"cell": "B2", "value": "42"})
+    assert broken.action == "{\"action\": \"click [1]\""  # the suite will report a malformed action
+    assert empty.action == ""
+    assert server.chat_bodies()[0]["tools"] == [ACT_TOOL, sheet_tool]
+
+
+# -- the request ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_request_carries_prompt_instruction_observation_tools_and_flags(openai_server) -> None:
+    server = openai_server([{"action": "click [4]"}, {"action": "terminal: ls"}])
+    policy = OpenAIPolicy(server.url, "test-model", api_key="sk-test", temperature=0.7, max_tokens=99,
+                          history_turns=1, extra_body={"top_k": 5, "chat_template_kwargs": {"enable_thinking": False}})
+    ctx = context(observations=["OBS-ZERO", "OBS-ONE", "OBS-TWO"], actions=["click [1]", "click [2]"])
+    try:
+        await policy.decide(ctx)
+        await policy.decide(context("desktop", instruction="Sum column B of sales.csv.",
+                                    observations=["Terminal window open"]))
+    finally:
+        await policy.close()
+    (web, desk) = server.chat_bodies()
+    assert web["model"] == "test-model" and web["temperature"] == 0.7 and web["max_tokens"] == 99
+    assert web["tools"] == [ACT_TOOL] and web["tool_choice"] == "auto"
+    assert web["logprobs"] is True
+    assert web["return_token_ids"] is True and web["return_tokens_as_token_ids"] is True
+    assert web["return_prompt_token_ids"] is True
+    assert web["top_k"] == 5 and web["chat_template_kwargs"] == {"enable_thinking": False}  # extra_body merged
+    roles = [m["role"] for m in web["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]  # one earlier turn kept (history_turns=1)
+    system, earlier, action, latest = (m["content"] for m in web["messages"])
+    assert "click [id]" in system and "stop [answer]" in system and "`act` tool" in system
+    assert "OBS-ONE" in earlier and "1 earlier steps not shown" in earlier
+    assert action == "click [2]"
+    assert "Find the price of the Acme Blender." in latest and "OBS-TWO" in latest
+    assert "OBS-ZERO" not in json.dumps(web["messages"])
+    assert "terminal:" in desk["messages"][0]["content"] and "DONE" in desk["messages"][0]["content"]
+    assert [m["role"] for m in desk["messages"]] == ["system", "user"]
+    assert "Sum column B of sales.csv." in desk["messages"][-1]["content"]
+    assert "Terminal window open" in desk["messages"][-1]["content"]
+    assert all(r["authorization"] == "Bearer sk-test" for r in server.requests())
+
+
+@pytest.mark.asyncio
+async def test_custom_system_prompt_and_api_key_from_the_environment(openai_server, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    server = openai_server([{"action": "click [1]"}])
+    policy = OpenAIPolicy(server.url, "test-model", system_prompt="Be brief.")
+    try:
+        await policy.decide(context())
+    finally:
+        await policy.close()
+    assert server.chat_bodies()[0]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert server.requests()[0]["authorization"] == "Bearer sk-from-env"
+
+
+@pytest.mark.asyncio
+async def test_model_discovered_once_from_models(openai_server) -> None:
+    server = openai_server([{"action": "click [1]"}, {"action": "click [2]"}, {"action": "click [3]"}],
+                           models=["served-a", "served-b"])
+    policy = OpenAIPolicy(server.url + "/")  # a trailing slash is fine
+    try:
+        decisions = await asyncio.gather(*(policy.decide(context()) for _ in range(3)))
+    finally:
+        await policy.close()
+    assert sorted(d.action for d in decisions) == ["click [1]", "click [2]", "click [3]"]
+    assert policy.model == "served-a"
+    gets = [r for r in server.requests() if r["method"] == "GET"]
+    assert [g["path"] for g in gets] == ["/v1/models"]  # asked once, though three decisions raced
+    assert [b["model"] for b in server.chat_bodies()] == ["served-a"] * 3
+
+
+@pytest.mark.asyncio
+async def test_no_model_listed_is_a_policy_error(openai_server) -> None:
+    server = openai_server([], models=[])
+    policy = OpenAIPolicy(server.url)
+    try:
+        with pytest.raises(PolicyError, match="no model listed") as info:
+            await policy.decide(context())
+    finally:
+        await policy.close()
+    assert f"{server.url}/models" in str(info.value)
+
+
+# -- failures -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_http_error_malformed_body_and_missing_choices_raise_policy_error(openai_server) -> None:
+    server = openai_server([
+        {"status": 500, "message": "CUDA out of memory"},
+        {"body": "{\"id\": \"chatcmpl-1\", \"choices\": [{\"message\""},
+        {"body": {"id": "chatcmpl-2", "object": "chat.completion", "usage": {}}},
+        {"body": {"choices": [{"index": 0, "finish_reason": "stop"}]}},
+        {"status": 400, "message": "\"auto\" tool choice requires --enable-auto-tool-choice"},
+    ])
+    policy = OpenAIPolicy(server.url, "test-model")
+    url = f"{server.url}/chat/completions"
+    try:
+        expected = ["HTTP 500: CUDA out of memory", "not valid JSON", "no choices", "has no message",
+                    "HTTP 400: \"auto\" tool choice requires"]
+        for what in expected:
+            with pytest.raises(PolicyError) as info:
+                await policy.decide(context())
+            assert url in str(info.value) and what in str(info.value)
+    finally:
+        await policy.close()
+
+
+@pytest.mark.asyncio
+async def test_server_slower_than_timeout_raises_policy_error(openai_server) -> None:
+    server = openai_server([{"action": "click [1]", "delay": 5}])
+    policy = OpenAIPolicy(server.url, "test-model", timeout_s=0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(PolicyError, match=r"no reply within timeout_s=0.5s") as info:
+            await policy.decide(context())
+    finally:
+        await policy.close()
+    assert time.monotonic() - started < 3
+    assert f"{server.url}/chat/completions" in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_unreachable_server_raises_policy_error() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    policy = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "test-model", timeout_s=5)
+    try:
+        with pytest.raises(PolicyError, match=f"http://127.0.0.1:{port}/v1/chat/completions"):
+            await policy.decide(context())
+    finally:
+        await policy.close()
+
+
+# -- the session ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_close_closes_the_session(openai_server) -> None:
+    server = openai_server([{"action": "click [1]"}, {"action": "click [2]"}])
+    policy = OpenAIPolicy(server.url, "test-model")
+    assert policy._session is None  # created lazily, on the loop that first needs it
+    await policy.decide(context())
+    session = policy._session
+    assert session is not None and not session.closed
+    await policy.close()
+    assert session.closed and policy._session is None
+    await policy.close()  # twice is fine
+    assert (await policy.decide(context())).action == "click [2]"  # a new session after close
+    again = policy._session
+    assert again is not None and again is not session
+    await policy.close()
+    assert again.closed
+
+
+@pytest.mark.asyncio
+async def test_concurrent_decisions_share_one_session(openai_server) -> None:
+    server = openai_server([{"action": f"click [{i}]", "delay": 0.2} for i in range(8)])
+    policy = OpenAIPolicy(server.url, "test-model")
+    try:
+        started = time.monotonic()
+        decisions = await asyncio.gather(*(policy.decide(context()) for _ in range(8)))
+        elapsed = time.monotonic() - started
+    finally:
+        await policy.close()
+    assert sorted(d.action for d in decisions) == sorted(f"click [{i}]" for i in range(8))
+    assert elapsed < 1.2  # in parallel, not one after another (8 x 0.2 s)
+
+
+# -- units ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "action"), [
+    ("click [12]", "click [12]"),
+    ("```click [12]```", "click [12]"),
+    ("```\nclick [12]\n```", "click [12]"),
+    ("Let me look.\n```text\nscroll [down]\n```", "scroll [down]"),
+    ("Earlier: ```click [1]```. Now:\n```\nstop [42]\n```", "stop [42]"),
+    ("```DONE\n```", "DONE"),
+    ("```terminal: ls -la\n```", "terminal: ls -la"),
+    ("<think>hmm\n```click [9]```</think>```FAIL```", "FAIL"),
+    ("<think>never finished", ""),
+    ("I will click.\n```\nclick [5]", "click [5]"),
+    ("```json\n{\"name\": \"DONE\"}", '{"name": "DONE"}'),
+    ("```stop [7]", "stop [7]"),
+])
+def test_strip_fences(text: str, action: str) -> None:
+    assert strip_fences(text) == action
+
+
+def test_history_alignment_and_truncation() -> None:
+    policy = OpenAIPolicy("http://127.0.0.1:1/v1", "m", history_turns=4, history_observation_chars=10)
+    messages = policy.messages(context(observations=["A" * 30, "B", "C"], actions=["x", "y"]))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages[1]["content"].startswith("OBSERVATION:\n" + "A" * 10) and "20 more characters" in \
+        messages[1]["content"]
+    assert [messages[2]["content"], messages[4]["content"]] == ["x", "y"]
+    assert messages[-1]["content"].endswith("OBSERVATION:\nC")
+    # no history at all, and a first step with no observation yet
+    assert len(OpenAIPolicy("http://h/v1", "m", history_turns=0).messages(context(observations=["a", "b"],
+                                                                                  actions=["x"]))) == 2
+    assert OpenAIPolicy("http://h/v1", "m").messages(context(observations=[]))[-1]["content"].endswith(
+        "OBSERVATION:\n")
+
+
+def test_constructor_checks() -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIPolicy("127.0.0.1:8000/v1")
+    with pytest.raises(ValueError, match="history_turns"):
+        OpenAIPolicy("http://h/v1", history_turns=-1)
+    assert OpenAIPolicy("http://h/v1/", api_key="k").chat_url == "http://h/v1/chat/completions"
