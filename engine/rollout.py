@@ -102,6 +102,7 @@ class RolloutEngine:
         self._admission = asyncio.Condition()
         self._roots: dict[bytes, Workspace] = {}
         self._roots_lock = asyncio.Lock()
+        self._running: set[asyncio.Future[None]] = set()
 
     # -- life cycle -------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutEngine:
@@ -116,6 +117,9 @@ class RolloutEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for g in self._running:  # streams whose consumer left without closing them
+            g.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
         try:
             if hasattr(self, "meter"):
                 await self.meter.stop()
@@ -138,11 +142,14 @@ class RolloutEngine:
         return sorted(results, key=lambda r: order.get((r.trajectory.group_id, r.trajectory.sample), (0, 0)))
 
     async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
-        """Results in completion order. Leaving the loop early (or cancelling it) stops and cleans up the rest."""
+        """Results in completion order. Closing the iterator (``contextlib.aclosing``, or cancelling its consumer)
+        stops and cleans up the rest at once; a consumer that just leaves the loop has them stopped when the
+        engine closes."""
         queue: asyncio.Queue[RolloutResult] = asyncio.Queue()
         requests = list(requests)
         total = sum(r.group_size for r in requests)
         groups = [asyncio.ensure_future(self._group(r, queue)) for r in requests]
+        self._running.update(groups)
         try:
             for _ in range(total):
                 yield await queue.get()
@@ -150,6 +157,7 @@ class RolloutEngine:
             for g in groups:
                 g.cancel()
             await asyncio.gather(*groups, return_exceptions=True)
+            self._running.difference_update(groups)
 
     # -- a group ----------------------------------------------------------------------------------------------
     async def _group(self, request: RolloutRequest, queue: asyncio.Queue[RolloutResult]) -> None:
@@ -312,6 +320,8 @@ class RolloutEngine:
                 break
             try:
                 call = await self.suite.concrete(ws, call)
+            except WorkspaceError:
+                raise
             except Exception as exc:  # names an element the page does not have
                 t.status, t.error = Status.MALFORMED_ACTION, f"{type(exc).__name__}: {exc}"
                 return

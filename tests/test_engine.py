@@ -1,0 +1,217 @@
+"""The rollout engine on real workspaces: determinism, failure containment, cancellation without leftovers,
+streaming, records and replay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bunshin.engine.evaluate import run_replay, summarize
+from bunshin.engine.records import (RolloutRequest, Status, Step, StepObservation, TaskSpec, Trajectory,
+                                    canonical, read_jsonl, write_jsonl)
+from bunshin.engine.rollout import RolloutEngine
+from bunshin.envs import Observation, ToolCall
+from bunshin.envs.webshop import tasks as generator
+from bunshin.envs.webshop.suite import WebShopSuite
+from bunshin.policies.base import Decision, Policy, PolicyContext
+from bunshin.policies.scripted import ScriptedPolicy
+
+from .conftest import assert_no_leaks
+
+CATALOG = 2000
+TASKS = ["0", "14", "42", "49"]  # review_count, cheapest_in_category, add_to_cart, checkout
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("engine-tasks")
+    generator.write(directory, [t for t in generator.generate(CATALOG, 0) if str(t["task_id"]) in TASKS])
+    return directory
+
+
+def shop(task_dir: Path) -> WebShopSuite:
+    return WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir)
+
+
+def comparable(t: Trajectory) -> dict:
+    """A trajectory without its timings (wall-clock) and workspace ids (random names)."""
+    data = msgspec.to_builtins(t)
+    data.pop("timings")
+    data.pop("lineage")
+    for step in data["steps"]:
+        step.pop("tool_s")
+    return data
+
+
+async def run_batch(state_dir: Path, task_dir: Path, backend: str, seed: int, **kwargs) -> list[Trajectory]:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.0), backend=backend, concurrency=4,
+                           state_dir=state_dir, **kwargs)
+    async with engine:
+        results = await engine.run(engine.requests(TASKS, group_size=3, seed=seed))
+    await assert_no_leaks(engine.runtime)
+    return [r.trajectory for r in results]
+
+
+@pytest.mark.asyncio
+async def test_the_same_seed_gives_the_same_trajectories_and_rewards(state_dir, task_dir, loop_watchdog) -> None:
+    first = await run_batch(state_dir, task_dir, "cow", seed=7)
+    second = await run_batch(state_dir, task_dir, "cow", seed=7)
+    assert [comparable(t) for t in first] == [comparable(t) for t in second]
+    assert len(first) == 12 and all(t.status == Status.OK for t in first)
+    rewards = [t.reward for t in first]
+    assert 0 < sum(rewards) < len(rewards)  # the scripted policy's deviations: a group explores
+    other = await run_batch(state_dir, task_dir, "cow", seed=8)
+    assert [comparable(t) for t in other] != [comparable(t) for t in first]
+
+
+class Saboteur(Policy):
+    """The scripted policy, except: sample 1 of the first task is killed in its second step, sample 2 times out,
+    sample 0 of the second task says something that is not WebArena's action language."""
+
+    def __init__(self, engine_ref: list[RolloutEngine]):
+        self.inner = ScriptedPolicy(time_scale=0.0, fail_p=0.0, detour_p=0.0)
+        self.engine_ref = engine_ref
+
+    async def decide(self, ctx: PolicyContext) -> Decision:
+        if ctx.task_id == TASKS[0] and ctx.sample == 1 and ctx.step == 1:
+            engine = self.engine_ref[0]
+            victim = next(ws for ws in engine.runtime.workspaces.values() if ws.seed == ctx.seed)
+            os.kill(victim.pid, signal.SIGKILL)  # the workspace dies mid-step, under the engine's feet
+        if ctx.task_id == TASKS[0] and ctx.sample == 2:
+            await asyncio.sleep(30)
+        if ctx.task_id == TASKS[1] and ctx.sample == 0:
+            return Decision(action="please click the cheapest one")
+        return await self.inner.decide(ctx)
+
+
+@pytest.mark.asyncio
+async def test_each_failure_ends_only_its_own_rollout(state_dir, task_dir, loop_watchdog) -> None:
+    ref: list[RolloutEngine] = []
+    engine = RolloutEngine(shop(task_dir), Saboteur(ref), concurrency=6, state_dir=state_dir, decide_timeout_s=2.0)
+    ref.append(engine)
+    async with engine:
+        results = await engine.run(engine.requests(TASKS[:2], group_size=3, seed=1))
+        trajectories = [r.trajectory for r in results]
+    await assert_no_leaks(engine.runtime)
+    status = {(t.task_id, t.sample): t.status for t in trajectories}
+    assert status[(TASKS[0], 1)] == Status.WORKSPACE_FAILED
+    assert status[(TASKS[0], 2)] == Status.POLICY_TIMEOUT
+    assert status[(TASKS[1], 0)] == Status.MALFORMED_ACTION
+    ok = [t for t in trajectories if t.status == Status.OK]
+    assert len(ok) == 3 and all(t.reward == 1.0 for t in ok)  # the rest of the batch completed
+    broken = {t.sample: t for t in trajectories if t.task_id == TASKS[0]}
+    assert "killed" in (broken[1].error or "") or "SIGKILL" in (broken[1].error or ""), broken[1].error
+    assert "please click" in (trajectories[3].error or "")
+    summary = summarize(trajectories, 1.0, 1, 0.1, "cow")
+    assert summary["failed"] == 3 and summary["statuses"] == {
+        Status.OK: 3, Status.WORKSPACE_FAILED: 1, Status.POLICY_TIMEOUT: 1, Status.MALFORMED_ACTION: 1}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 1.0, 2.5])
+async def test_cancelling_run_leaves_nothing_behind(state_dir, task_dir, loop_watchdog, delay: float) -> None:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.02), concurrency=4, state_dir=state_dir)
+    async with engine:
+        task = asyncio.ensure_future(engine.run(engine.requests(TASKS, group_size=3, seed=2)))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == list(engine._roots.values())
+    await assert_no_leaks(engine.runtime)
+
+
+@pytest.mark.asyncio
+async def test_stream_yields_in_completion_order_and_an_early_exit_cleans_up(state_dir, task_dir,
+                                                                             loop_watchdog) -> None:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.05), concurrency=3, state_dir=state_dir)
+    async with engine:
+        seen = []
+        async with contextlib.aclosing(engine.stream(engine.requests(TASKS, group_size=2, seed=3))) as results:
+            async for result in results:
+                seen.append(result.trajectory)
+                if len(seen) == 3:
+                    break  # a trainer that has enough
+        assert len(seen) == 3 and all(t.status == Status.OK for t in seen)
+        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == list(engine._roots.values())
+        # a consumer that leaves without closing its stream: the engine stops the rest when it closes
+        async for result in engine.stream(engine.requests(TASKS[:2], group_size=2, seed=4)):
+            break
+    await assert_no_leaks(engine.runtime)
+
+
+@pytest.mark.asyncio
+async def test_a_memory_budget_admits_rollouts_one_by_one(state_dir, task_dir, loop_watchdog) -> None:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.02), concurrency=6, state_dir=state_dir,
+                           memory_budget=1)  # below anything: one rollout at a time, never none
+    async with engine:
+        results = await engine.run(engine.requests(TASKS[:1], group_size=3, seed=4))
+    await assert_no_leaks(engine.runtime)
+    assert all(r.trajectory.status == Status.OK for r in results)
+    waits = sorted(r.trajectory.timings["admission_wait_s"] for r in results)
+    assert waits[-1] > 0  # someone waited for memory
+
+
+@pytest.mark.asyncio
+async def test_replay_reproduces_observations_and_rewards(state_dir, task_dir, tmp_path, loop_watchdog) -> None:
+    trajectories = await run_batch(state_dir, task_dir, "cow", seed=5)
+    path = tmp_path / "trajectories.jsonl"
+    write_jsonl(path, trajectories)
+    assert [comparable(t) for t in read_jsonl(path)] == [comparable(t) for t in trajectories]
+    report = await run_replay(shop(task_dir), path)
+    assert report["trajectories"] == report["identical_observations"] == report["identical_rewards"] == 12
+
+
+def test_a_request_for_an_unknown_task_is_its_own_failure() -> None:
+    t = Trajectory(task_id="x", suite="webshop", group_id="g", sample=0, seed=1, status=Status.SETUP_FAILED)
+    assert summarize([t], 1.0, 0, 0.0, "cow")["statuses"] == {Status.SETUP_FAILED: 1}
+
+
+calls = st.builds(ToolCall, name=st.sampled_from(["click", "type", "goto", "terminal"]),
+                  args=st.dictionaries(st.sampled_from(["element_id", "text", "url", "command", "z", "a"]),
+                                       st.one_of(st.integers(), st.text(max_size=20), st.booleans()), max_size=4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls, st.lists(st.tuples(st.text(max_size=40), st.floats(0, 100), st.binary(max_size=64)), max_size=4))
+def test_records_round_trip_through_json_lines(call: ToolCall, steps) -> None:
+    import tempfile
+
+    trajectory = Trajectory(
+        task_id="3", suite="webshop", group_id="0:3", sample=1, seed=99, run_seed=0, final=call,
+        steps=[Step(index=i, call=call, reasoning_s=r, tool_s=0.5,
+                    observation=StepObservation.of(Observation(
+                        output=text, data={"screenshot": blob, "url": "http://x/"})))
+               for i, (text, r, blob) in enumerate(steps)], reward=1.0, timings={"wall_s": 1.5})
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.jsonl"
+        write_jsonl(path, [trajectory, trajectory])
+        assert list(read_jsonl(path)) == [trajectory, trajectory]
+    assert all("screenshot" not in s.observation.data and len(s.observation.digests["screenshot"]) == 64
+               for s in trajectory.steps)
+    # the canonical form ignores argument order and nothing else
+    shuffled = ToolCall(name=call.name, args=dict(reversed(list(call.args.items()))))
+    assert canonical(shuffled) == canonical(call)
+    if call.args:
+        changed = ToolCall(name=call.name, args={**call.args, next(iter(call.args)): "other-value-x"})
+        assert canonical(changed) != canonical(call) or call.args[next(iter(call.args))] == "other-value-x"
+
+
+def test_a_recording_that_does_not_decode_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task_id": "1", "suite": "webshop", "group_id": "g", "sample": 0, "seed": 1}\n{"task_id": 3}\n')
+    with pytest.raises(msgspec.ValidationError, match="bad.jsonl:2"):
+        list(read_jsonl(path))
+
+
+def test_requests_name_their_groups() -> None:
+    r = RolloutRequest(task=TaskSpec(suite="webshop", task_id="4"), group_size=2, seed=1, group_id="1:4")
+    assert msgspec.json.decode(msgspec.json.encode(r), type=RolloutRequest) == r
