@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--forks", type=int, default=10, help="forks per backend and size")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
+    mem = bench_sub.add_parser("memory", help="peak and total memory as concurrent rollouts grow, per backend")
+    _suite_arguments(mem)
+    mem.add_argument("--rollouts", type=lambda t: [int(x) for x in t.split(",") if x], default=[8, 16, 32, 64])
+    mem.add_argument("--backends", type=_backends, default=["cow", "restore"])
+    mem.add_argument("--group-size", type=int, default=8)
+    mem.add_argument("--time-scale", type=float, default=0.3, help="scripted policy reasoning time scale")
+    mem.add_argument("--seed", type=int, default=0)
+    mem.add_argument("--json", type=Path, help="write results as JSON here")
+    mem.add_argument("--plot", type=Path, help="write a PNG plot here")
+
     sharing = bench_sub.add_parser("sharing", help="identical and shared memory of two samples of one group, per step")
     _suite_arguments(sharing)
     sharing.add_argument("--steps", type=int, default=10)
@@ -160,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import fork as bench_fork
 
         return loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot)) and 0
+    if args.command == "bench" and args.bench == "memory":
+        from .bench import memory as bench_memory
+
+        return loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
+                                          args.time_scale, args.seed, args.json, args.plot))
     if args.command == "bench" and args.bench == "sharing":
         from .bench import sharing as bench_sharing
 
