@@ -148,7 +148,11 @@ class RolloutEngine:
         queue: asyncio.Queue[RolloutResult] = asyncio.Queue()
         requests = list(requests)
         total = sum(r.group_size for r in requests)
-        groups = [asyncio.ensure_future(self._group(r, queue)) for r in requests]
+        # Groups open at once (each holds a base workspace) are as many as the rollout slots can serve, plus one
+        # being set up, so bases do not pile up in memory waiting for slots.
+        largest = max((r.group_size for r in requests), default=1)
+        open_groups = asyncio.Semaphore(max(2, -(-self.concurrency // largest) + 1))
+        groups = [asyncio.ensure_future(self._group(r, queue, open_groups)) for r in requests]
         self._running.update(groups)
         try:
             for _ in range(total):
@@ -160,7 +164,8 @@ class RolloutEngine:
             self._running.difference_update(groups)
 
     # -- a group ----------------------------------------------------------------------------------------------
-    async def _group(self, request: RolloutRequest, queue: asyncio.Queue[RolloutResult]) -> None:
+    async def _group(self, request: RolloutRequest, queue: asyncio.Queue[RolloutResult],
+                     open_groups: asyncio.Semaphore) -> None:
         group_id = request.group_id or request.task.task_id
         task = self.tasks.get(request.task.task_id)
         trajectories = [Trajectory(task_id=request.task.task_id, suite=self.suite.name, group_id=group_id,
@@ -177,6 +182,11 @@ class RolloutEngine:
                 t.status, t.error = Status.SETUP_FAILED, f"unknown task {request.task.task_id!r}"
                 finish(t)
             return
+        async with open_groups:  # bases wait for their turn, not in memory
+            await self._group_body(request, task, trajectories, finish)
+
+    async def _group_body(self, request: RolloutRequest, task: SuiteTask, trajectories: list[Trajectory],
+                          finish: Any) -> None:
         base: Workspace | None = None
         try:
             root = await self._root(task)
