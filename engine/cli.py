@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from .evaluate import make_policy, run_eval
 
-        policy = make_policy(args.policy, args.time_scale)
+        try:
+            policy = make_policy(args.policy, args.time_scale)
+        except (ValueError, OSError) as exc:
+            raise SystemExit(f"bunshin eval: --policy: {exc}") from None
         summary = loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,

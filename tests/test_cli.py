@@ -52,3 +52,36 @@ def test_demo_runs_and_checks_isolation() -> None:
     proc = bunshin("demo", "--size", "16M", "--clones", "2")
     assert proc.returncode == 0, proc.stderr
     assert "isolation check: passed" in proc.stdout
+
+
+def test_eval_then_replay_from_the_command_line(tmp_path: Path) -> None:
+    """``bunshin eval`` writes trajectories and the promised summary; ``bunshin replay`` reproduces them. The
+    engine runs in its own process here, with its state in the test state directory."""
+    import os
+
+    from .conftest import host_processes
+
+    env = {**os.environ, "BUNSHIN_STATE_DIR": "/var/lib/bunshin-test"}
+    out = tmp_path / "run"
+    proc = bunshin("eval", "--suite", "webshop", "--catalog-size", "2000", "--limit", "2", "--group-size", "2",
+                   "--concurrency", "4", "--time-scale", "0", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"rollouts", "succeeded", "failed", "mean_reward", "wall_s", "peak_memory_bytes", "total_memory_gib_s",
+            "backend"} <= set(summary)
+    assert summary["rollouts"] == 4 and summary["backend"] == "cow" and summary["peak_memory_bytes"] > 0
+    assert "| tasks | rollouts |" in proc.stdout and "4/4 rollouts" in proc.stderr  # table and progress
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    report_path = tmp_path / "replay.json"
+    proc = bunshin("replay", str(out / "trajectories.jsonl"), "--catalog-size", "2000", "--json",
+                   str(report_path), env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["trajectories"] == report["identical_observations"] == report["identical_rewards"] == 4
+    assert host_processes() == []  # the engine process took its workspaces with it
+
+
+def test_eval_refuses_a_bad_policy_spec() -> None:
+    proc = bunshin("eval", "--suite", "webshop", "--policy", "magic", "--out", "/tmp/never")
+    assert proc.returncode != 0 and "unknown policy 'magic'" in proc.stderr
