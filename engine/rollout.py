@@ -323,6 +323,7 @@ class RolloutEngine:
             if self.suite.is_final(call):
                 final = call
                 t.final, t.final_text = call, text
+                t.final_token_ids, t.final_logprobs = decision.token_ids, decision.logprobs
                 break
             if step == self.max_steps:
                 t.status, t.error = Status.MAX_STEPS, f"no final action within {self.max_steps} steps"

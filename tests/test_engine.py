@@ -215,3 +215,31 @@ def test_a_recording_that_does_not_decode_names_its_line(tmp_path: Path) -> None
 def test_requests_name_their_groups() -> None:
     r = RolloutRequest(task=TaskSpec(suite="webshop", task_id="4"), group_size=2, seed=1, group_id="1:4")
     assert msgspec.json.decode(msgspec.json.encode(r), type=RolloutRequest) == r
+
+
+from .test_openai_policy import openai_server  # noqa: E402,F401  (the real scripted model server, as a fixture)
+
+
+@pytest.mark.asyncio
+async def test_a_model_server_policy_keeps_token_ids_and_logprobs_in_the_trajectory(
+        state_dir, task_dir, openai_server, loop_watchdog) -> None:  # noqa: F811
+    from bunshin.policies.openai import OpenAIPolicy
+
+    server = openai_server([{"action": "type [19] [Lumina] [1]"}, {"action": "stop [3]"},
+                            {"action": "definitely not an action"}])
+    policy = OpenAIPolicy(f"http://127.0.0.1:{server.port}/v1")
+    engine = RolloutEngine(shop(task_dir), policy, concurrency=1, state_dir=state_dir)
+    try:
+        async with engine:
+            first, second = [r.trajectory for r in await engine.run(engine.requests(TASKS[:1], group_size=1)) +
+                             await engine.run(engine.requests(TASKS[1:2], group_size=1))]
+    finally:
+        await policy.close()
+    await assert_no_leaks(engine.runtime)
+    assert first.status == Status.OK and len(first.steps) == 1 and first.final_text == "stop [3]"
+    step = first.steps[0]
+    assert step.action_text == "type [19] [Lumina] [1]" and step.call.args["text"] == "Lumina"
+    assert step.token_ids and step.logprobs and len(step.token_ids) == len(step.logprobs)
+    assert first.final_token_ids and first.final_logprobs and first.prompt_token_ids
+    assert "Search results for: 'Lumina'" in step.observation.output
+    assert second.status == Status.MALFORMED_ACTION and "definitely" in (second.error or "")
