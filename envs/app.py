@@ -170,11 +170,24 @@ class WorkspaceApp:
         """Runs in the clone after the runtime re-opened files, re-created sockets and reseeded random state."""
 
     def checkpoint(self) -> bytes:
-        """Serialised state for the private-restore backend (the CRIU-like baseline)."""
+        """Serialised state for the private-restore backend (the CRIU-like baseline), called after
+        ``before_fork`` and before the workspace's files are snapshotted; bytes, or a list of bytes-like parts
+        written one after the other (so large buffers need not be copied into one object first).
+
+        An application whose state is partly in workers (``ctx.spawn``) must override this to be restorable, and
+        then carries its workers' state itself: ``handle.checkpoint()`` asks a worker for its
+        ``WorkerApp.checkpoint()``. The host refuses to checkpoint an application with workers that does not
+        override it."""
         return b""
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
-        """Rebuild state from ``checkpoint()`` output in a fresh workspace, in private memory."""
+        """Rebuild state from ``checkpoint()`` output in a fresh workspace, in private memory (``data`` is the
+        concatenated parts, a read-only view of the mapped checkpoint file, valid during this call only).
+
+        Runs instead of ``setup``, in the restored workspace (its files are the source's snapshot, the seed and
+        ``ctx.rng`` the clone's). Workers are spawned again here (``ctx.spawn``, with what the source spawned
+        them with) and handed their bytes (``handle.restore(data)``); call
+        ``workers.dont_fork_into_workers(data)`` first so they do not inherit the checkpoint's mapping."""
 
     def close(self) -> None:
         """Release resources; called before the host exits."""

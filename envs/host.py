@@ -428,9 +428,11 @@ class Host:
 
     # -- checkpoint (private-restore baseline) ------------------------------------------------------------------
     def checkpoint(self, path: str, layer: str) -> Reply:
-        if self.workers:
+        if self.workers and type(self.app).checkpoint is WorkspaceApp.checkpoint:
+            # An application with workers checkpoints (and restores) their state in its own checkpoint/restore.
             return Failed(kind="checkpoint", message="the private-restore backend checkpoints the host's state "
-                          f"only, and this application keeps state in {len(self.workers)} worker process(es)")
+                          f"only, and this application keeps state in {len(self.workers)} worker process(es) "
+                          "without checkpointing them (WorkspaceApp.checkpoint is not overridden)")
         started = time.monotonic_ns()
         agents = self.agent_init_pid is not None
         if agents:

@@ -7,12 +7,15 @@ clone waits until the clone's host has built its namespaces, then enters them th
 its sockets, and answers the clone's host. Kernel parenthood cannot be rebuilt by ``fork()`` (a clone is the child
 of the process that forked it): a worker's clone is re-parented onto the engine like every clone, and the clone's
 host owns it logically (it is the only one holding its socket, and the worker dies with the workspace's cgroup).
+For the private-restore backend a worker may implement ``checkpoint``/``restore``; the host application carries
+its workers' checkpoints in its own and, when restored, spawns them again and hands each its bytes.
 Must never: keep a descriptor of the source workspace in a clone (the source's engine channel above all).
 """
 
 from __future__ import annotations
 
 import importlib
+import mmap
 import os
 import random
 import selectors
@@ -56,12 +59,22 @@ class WorkerAdopt(msgspec.Struct, frozen=True, kw_only=True, tag="adopt"):
     frozen: bool = False
 
 
+class WorkerCheckpoint(msgspec.Struct, frozen=True, tag="checkpoint"):
+    """For the private-restore backend: quiesce (``before_fork``) and answer ``WorkerApp.checkpoint()``."""
+
+
+class WorkerRestore(msgspec.Struct, frozen=True, tag="restore"):
+    """To a worker freshly spawned by a restoring host: ``WorkerApp.restore(ctx, data)``."""
+
+    data: bytes
+
+
 class WorkerReply(msgspec.Struct, frozen=True, kw_only=True, tag="reply"):
     value: Any = None
     error: str | None = None
 
 
-_Message = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt
+_Message = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt | WorkerCheckpoint | WorkerRestore
 _encoder = msgspec.msgpack.Encoder()
 _message_decoder = msgspec.msgpack.Decoder(_Message)
 _reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
@@ -83,6 +96,19 @@ class WorkerApp:
 
     def after_fork(self, ctx: AppContext) -> None:
         pass
+
+    def checkpoint(self) -> bytes:
+        """The worker's state for the private-restore backend (the CRIU-like baseline), called after
+        ``before_fork``. Optional: a worker that does not override it refuses (``WorkerError`` in the host), and
+        so does the restore backend for its workspace. The host application asks for it in its own
+        ``WorkspaceApp.checkpoint`` (``handle.checkpoint()``) and carries the bytes in its checkpoint."""
+        raise NotImplementedError(f"{type(self).__name__} does not checkpoint its state")
+
+    def restore(self, ctx: AppContext, data: bytes) -> None:
+        """In a worker the restoring host spawned anew (``ctx.spawn`` in ``WorkspaceApp.restore``, so ``setup``
+        already ran, in the restored workspace, on its files): rebuild the rest of the state from
+        ``checkpoint()``'s bytes, in this process's private memory. Asked through ``handle.restore(data)``."""
+        raise NotImplementedError(f"{type(self).__name__} does not restore state")
 
     def close(self) -> None:
         pass
@@ -114,6 +140,18 @@ class WorkerHandle:
 
     def fork(self, clone_end: int) -> None:
         self._exchange(WorkerFork(), fds=[clone_end])
+
+    def checkpoint(self) -> bytes:
+        """The worker's ``before_fork`` then ``checkpoint()``: its state for the private-restore backend."""
+        value = self._exchange(WorkerCheckpoint()).value
+        if not isinstance(value, bytes):
+            raise WorkerError(f"worker {self.index} (pid {self.pid}): checkpoint() returned "
+                              f"{type(value).__name__}, not bytes")
+        return value
+
+    def restore(self, data: bytes) -> None:
+        """The worker's ``restore(ctx, data)`` (a worker just spawned by a restoring host)."""
+        self._exchange(WorkerRestore(data=bytes(data)))
 
     def adopt(self, pidfd: int, new_sock: socket.socket, **fields: Any) -> None:
         """Hand the worker's clone (answering on ``new_sock``) to the calling clone host; this handle then
@@ -198,6 +236,12 @@ class Worker:
                 return WorkerReply()
             case WorkerFork():
                 return self.fork(fds[0])
+            case WorkerCheckpoint():
+                self.app.before_fork(self.ctx)  # the workspace's files are snapshotted after this answer
+                return WorkerReply(value=bytes(self.app.checkpoint()))
+            case WorkerRestore(data=data):
+                self.app.restore(self.ctx, data)
+                return WorkerReply()
         return WorkerReply(error=f"unexpected {type(message).__name__}")
 
     def fork(self, clone_end: int) -> WorkerReply:
@@ -282,6 +326,15 @@ def spawn(target: str, kwargs: dict[str, Any], index: int, ws_id: str, seed: int
         os.waitpid(pid, 0)
         raise WorkerError(f"worker {target} exited during setup") from exc
     return WorkerHandle(index, pid, ours)
+
+
+def dont_fork_into_workers(payload: Any) -> None:
+    """For ``WorkspaceApp.restore`` before it spawns workers: keep the host's mapping of the checkpoint file (what
+    ``payload`` views) out of them (``MADV_DONTFORK``). A worker forked with it would keep the checkpoint file,
+    unlinked once the clone is ready, mapped and its pages cached for the worker's whole life."""
+    mapping = payload.obj if isinstance(payload, memoryview) else None
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTFORK"):
+        mapping.madvise(mmap.MADV_DONTFORK)
 
 
 def _no_agents(cmd: str, timeout_s: float) -> Any:

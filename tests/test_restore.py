@@ -66,6 +66,22 @@ async def test_restore_refuses_state_it_cannot_checkpoint(make_runtime) -> None:
 
     rt: WorkspaceRuntime = await make_runtime(backend="restore")
     source = await rt.create(AppSpec(target="bunshin.envs.apps.kv:KVApp"))
-    with pytest.raises(ForkFailed, match="worker process"):
+    with pytest.raises(ForkFailed, match=r"worker process\(es\) without checkpointing them"):
         await source.fork()
     assert (await source.execute(ToolCall(name="kv_get", args={"key": "k"}))).output == "None"
+
+
+def test_a_worker_checkpoints_only_if_it_implements_it() -> None:
+    """The worker side of an app that does checkpoint its workers: a worker without the hooks refuses (the host
+    app's checkpoint then fails, and so does the fork); the web shop's are in tests/test_webshop_restore.py."""
+    import random
+
+    from bunshin.envs.app import AppContext
+    from bunshin.envs.workers import Worker, WorkerApp, WorkerCheckpoint, WorkerRestore
+
+    worker = Worker(None, WorkerApp(), AppContext(ws_id="w", seed=1, rng=random.Random(1), run_agent=None),  # type: ignore[arg-type]
+                    [])
+    with pytest.raises(NotImplementedError, match="does not checkpoint"):
+        worker.handle(WorkerCheckpoint(), [])
+    with pytest.raises(NotImplementedError, match="does not restore"):
+        worker.handle(WorkerRestore(data=b""), [])

@@ -17,6 +17,8 @@ cannot be reached; the message is written for the agent).
   memory grows with every page visited, which is what makes a rollout's workspace diverge from its siblings.
 - The viewport is ``viewport[1] // LINE_HEIGHT`` lines of the tree (36 for 720 px); ``scroll`` moves one viewport,
   clamped to the page, like ``scrollTop += innerHeight``. Same page state, same text, ids and pixels.
+- A browser pickles whole (the private-restore backend's checkpoint of a web shop): every tab and history entry
+  with its DOM, tree, raster and images, and the cookie jar's cookies; the opener is rebuilt when unpickled.
 Must never: import the shop (it only speaks HTTP), run scripts, or perform ``stop`` (the suite's final action).
 """
 
@@ -111,13 +113,38 @@ class Browser:
         self.load_images, self.device_scale = load_images, float(device_scale)
         self.timeout_s = timeout_s
         self.cookies = http.cookiejar.CookieJar()
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                                   urllib.request.HTTPCookieProcessor(self.cookies))
+        self._opener = self._build_opener()
         self.tabs: list[Tab] = [Tab([_blank_page()])]
         self.current = 0
         self.closed = False
         self.requests = 0  # HTTP requests sent (redirect hops counted once)
         self._navigate(self.tabs[0], self._resolve(start_url))
+
+    def _build_opener(self) -> urllib.request.OpenerDirector:
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                           urllib.request.HTTPCookieProcessor(self.cookies))
+
+    # -- serialisation (the private-restore backend's checkpoint) ------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything a restored browser needs to go on exactly where this one is: tabs, every history entry (its
+        DOM with typed values and checked boxes, laid-out tree, scroll, focus, raster and decoded images), the
+        current tab, the request count, and the cookie jar's cookies (the jar itself holds a lock). Not the
+        opener: it holds nothing but handlers, and is rebuilt around the restored jar. Pickle it in one piece,
+        so the accessibility trees keep pointing at their documents' nodes."""
+        state = self.__dict__.copy()
+        del state["_opener"]
+        state["cookies"] = list(self.cookies)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        cookies = state.pop("cookies")
+        self.__dict__.update(state)
+        self.cookies = http.cookiejar.CookieJar()
+        for cookie in cookies:
+            self.cookies.set_cookie(cookie)
+        self._opener = self._build_opener()
 
     # -- public API ------------------------------------------------------------------------------------------
 

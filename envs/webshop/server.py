@@ -73,6 +73,37 @@ class ShopServer(WorkerApp):
     def after_fork(self, ctx: AppContext) -> None:
         self.store.reopen()
 
+    # -- the private-restore baseline ------------------------------------------------------------------------------
+    def checkpoint(self) -> bytes:
+        """What a restored server needs beyond its constructor's arguments: nothing of the catalog, the index or
+        the images (see ``restore``), nothing of carts, orders and reviews (SQLite, flushed by ``before_fork``
+        and carried by the workspace's file snapshot). The arguments and the port actually bound are recorded
+        to check that the restored server is this shop."""
+        return json.dumps(self._identity()).encode()
+
+    def restore(self, ctx: AppContext, data: bytes) -> None:
+        """In a server the restoring host spawned anew with the source's arguments: ``setup`` already rebuilt
+        the catalog, the search index and the images in this process's private memory, and opened SQLite on the
+        restored workspace's copy of the database; here we only check that it is the checkpointed shop.
+
+        Honest limits of this baseline: the catalog, index and images are a deterministic function of the
+        arguments, so they are recomputed here, where a real CRIU restore would read their pages back from the
+        dump. The restored clone's memory is what the baseline measures (a full private copy, nothing shared
+        with the source); its restore *time* is not a CRIU restore time and is not comparable.
+
+        The session-id stream (``ctx.rng``) is not restored from the source, on purpose: a clone's random state
+        is seeded from the clone's own seed (DESIGN section 4), which is what a live fork does too (a ``cow``
+        clone's worker is reseeded with ``derive_seed(clone seed, "worker", index)``, the same seed this
+        re-spawned worker got), so both backends draw the same session ids after a fork, and two clones of one
+        source do not share a stream."""
+        recorded = json.loads(bytes(data))
+        if recorded != self._identity():
+            raise ValueError(f"the checkpoint is of another shop: {recorded} (this server is {self._identity()})")
+
+    def _identity(self) -> dict[str, Any]:
+        return {"catalog_size": self.catalog_size, "catalog_seed": self.catalog_seed, "image_px": self.image_px,
+                "db_path": self.db_path, "port": self.server.port}
+
     def session(self, cookie_header: str | None) -> tuple[str, bool]:
         """The request's session id, or a new one (drawn from the workspace's seeded stream: deterministic)."""
         for part in (cookie_header or "").split(";"):
