@@ -72,6 +72,19 @@ async def test_the_same_seed_gives_the_same_trajectories_and_rewards(state_dir, 
     assert [comparable(t) for t in other] != [comparable(t) for t in first]
 
 
+@pytest.mark.asyncio
+async def test_the_same_seed_gives_the_same_trajectories_on_the_restore_backend(state_dir, task_dir,
+                                                                                loop_watchdog) -> None:
+    first = await run_batch(state_dir, task_dir, "restore", seed=7)
+    second = await run_batch(state_dir, task_dir, "restore", seed=7)
+    assert [comparable(t) for t in first] == [comparable(t) for t in second]
+    assert all(t.status == Status.OK and t.backend == "restore" for t in first)
+    cow = await run_batch(state_dir, task_dir, "cow", seed=7)
+    # the backend changes how a workspace is copied, not what happens in it
+    strip = lambda t: {k: v for k, v in comparable(t).items() if k != "backend"}  # noqa: E731
+    assert [strip(t) for t in first] == [strip(t) for t in cow]
+
+
 class Saboteur(Policy):
     """The scripted policy, except: sample 1 of the first task is killed in its second step, sample 2 times out,
     sample 0 of the second task says something that is not WebArena's action language."""
