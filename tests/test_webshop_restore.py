@@ -43,7 +43,8 @@ def checkout_tasks(suite: WebShopSuite):
 
 
 async def mid_checkout(rt: WorkspaceRuntime, suite: WebShopSuite, task):
-    """A shop on the checkout page: product found, in the cart, three address fields typed, scrolled down."""
+    """A shop on the checkout page: product found, in the cart, three address fields typed, the page scrolled
+    (as far as it goes)."""
     ws = await rt.create(suite.app())
     await suite.start(ws, task)
     async for _, obs in play(suite, ws, task, task.reference[:7]):
@@ -73,7 +74,7 @@ async def test_a_restored_shop_goes_on_where_its_source_was_in_private_memory(ma
     assert theirs.data == mine.data
     assert "Checkout" in theirs.data["title"]
     first = task.reference[4].args["text"]
-    assert f"textbox 'First Name' value: {first}" in theirs.output or f"'{first}'" in theirs.output, theirs.output
+    assert f"textbox '{first}'" in theirs.output  # a typed field is named by its value
 
     # (c) nothing of it is physically shared with the source (a live fork would share most of it)
     shared = await sharing(clone, source)
