@@ -89,7 +89,9 @@ class RolloutEngine:
         self.concurrency, self.memory_budget = concurrency, memory_budget
         self.decide_timeout_s, self.call_timeout_s = decide_timeout_s, call_timeout_s
         self.rollout_timeout_s, self.max_steps = rollout_timeout_s, max_steps
-        kwargs: dict[str, Any] = {"backend": backend,
+        # Many hosts may start at once on few cores (a private restore recomputes its application's state): a
+        # start is given as long as a rollout may take to decide, not the runtime's default minute.
+        kwargs: dict[str, Any] = {"backend": backend, "start_timeout_s": max(60.0, decide_timeout_s),
                                   "limits": limits or Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=120)}
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)

@@ -40,7 +40,10 @@ class WorkspaceRuntime:
     """Async context manager: ``async with WorkspaceRuntime(backend="cow") as rt: ws = await rt.create(app)``."""
 
     def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
-                 seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None):
+                 seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
+        engine starting many at once on few cores raises it."""
         from .backends import make_backend
 
         self.backend = make_backend(backend, self)
@@ -49,6 +52,7 @@ class WorkspaceRuntime:
         self.seed = seed
         self.state_dir = Path(state_dir or DEFAULT_STATE_DIR)
         self.faults = list(faults or [])
+        self.start_timeout_s = start_timeout_s
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.workspaces: dict[str, Workspace] = {}
@@ -212,12 +216,12 @@ class WorkspaceRuntime:
     async def await_ready(self, ws_id: str, sock: socket.socket) -> int:
         """Wait for a host's Ready on ``sock``; a Failed reply or a closed channel raises WorkspaceStartFailed."""
         try:
-            async with asyncio.timeout(START_TIMEOUT_S):
+            async with asyncio.timeout(self.start_timeout_s):
                 reply = reply_decoder.decode(await async_recv_frame(sock))
         except ChannelClosed as exc:
             raise WorkspaceStartFailed(ws_id, f"host exited before it was ready{self.host_log(ws_id)}") from exc
         except TimeoutError as exc:
-            raise WorkspaceStartFailed(ws_id, f"host not ready after {START_TIMEOUT_S:g}s") from exc
+            raise WorkspaceStartFailed(ws_id, f"host not ready after {self.start_timeout_s:g}s") from exc
         if isinstance(reply, Failed):
             raise WorkspaceStartFailed(ws_id, f"{reply.kind}: {reply.message}{self.host_log(ws_id)}")
         if not isinstance(reply, Ready) or reply.ws_id != ws_id:
