@@ -256,3 +256,24 @@ async def test_a_model_server_policy_keeps_token_ids_and_logprobs_in_the_traject
     assert first.final_token_ids and first.final_logprobs and first.prompt_token_ids
     assert "Search results for: 'Lumina'" in step.observation.output
     assert second.status == Status.MALFORMED_ACTION and "definitely" in (second.error or "")
+
+
+class Stalling(Policy):
+    """Sample 0 asks for a tool call that never ends in time; sample 1 thinks slower than its rollout may last."""
+
+    async def decide(self, ctx: PolicyContext) -> Decision:
+        if ctx.sample == 0:
+            return Decision(action=ToolCall(name="shell", args={"cmd": "sleep 20"}))
+        await asyncio.sleep(0.6)
+        return Decision(action="scroll [down]")
+
+
+@pytest.mark.asyncio
+async def test_call_and_rollout_timeouts_end_their_rollouts(state_dir, task_dir, loop_watchdog) -> None:
+    engine = RolloutEngine(shop(task_dir), Stalling(), concurrency=2, state_dir=state_dir, call_timeout_s=1.0,
+                           rollout_timeout_s=2.0, decide_timeout_s=5.0)
+    async with engine:
+        results = await engine.run(engine.requests(TASKS[:1], group_size=2, seed=6))
+    await assert_no_leaks(engine.runtime)
+    assert [r.trajectory.status for r in results] == [Status.CALL_TIMEOUT, Status.ROLLOUT_TIMEOUT]
+    assert all(r.trajectory.timings["wall_s"] < 10 for r in results)
