@@ -195,9 +195,11 @@ class RolloutEngine:
             async with self._admit():
                 base = await root.fork(seed=derive_seed(request.seed, task.id, "base"))
                 first = await asyncio.wait_for(self.suite.start(base, task), self.call_timeout_s)
-        except (Exception, asyncio.TimeoutError) as exc:
+        except BaseException as exc:
             if base is not None:
-                await base.close()
+                await base.close()  # cancelled or failed while its task was being set up
+            if not isinstance(exc, Exception):
+                raise
             for t in trajectories:
                 t.status, t.error = Status.SETUP_FAILED, f"{type(exc).__name__}: {exc}"
                 finish(t)
