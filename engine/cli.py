@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from bunshin.envs.backends import BACKENDS
+from bunshin.envs.runtime.fork.backends import BACKENDS
 
-from . import loop
+from . import event_loop
 
 
 def nbytes_of(value: str | int) -> int:
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
-        from bunshin.envs.doctor import diagnose
+        from bunshin.envs.runtime.doctor import diagnose
 
         report = diagnose()
         if args.json:
@@ -163,30 +163,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"backend {name:8} {'available' if ok else 'unavailable':12} {detail}")
         return 0
     if args.command == "demo":
-        from .demo import demo
+        from .commands.demo import demo
 
-        return loop.run(demo(args.size, args.clones, args.backend))
+        return event_loop.run(demo(args.size, args.clones, args.backend))
     if args.command == "bench" and args.bench == "fork":
         from .bench import fork as bench_fork
 
-        return loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot)) and 0
+        return event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot)) and 0
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory
 
-        return loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
+        return event_loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
                                           args.time_scale, args.seed, args.json, args.plot))
     if args.command == "bench" and args.bench == "sharing":
         from .bench import sharing as bench_sharing
 
-        return loop.run(bench_sharing.main(make_suite(args), args.steps, args.template, args.json, args.plot))
+        return event_loop.run(bench_sharing.main(make_suite(args), args.steps, args.template, args.json, args.plot))
     if args.command == "eval":
-        from .evaluate import make_policy, run_eval
+        from bunshin.policies.registry import make_policy
+
+        from .commands.eval_command import run_eval
 
         try:
             policy = make_policy(args.policy, args.time_scale)
         except (ValueError, OSError) as exc:
             raise SystemExit(f"bunshin eval: --policy: {exc}") from None
-        summary = loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
+        summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
                                     max_steps=args.max_steps))
@@ -194,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":
         from .bench.report import write_json
-        from .evaluate import run_replay
+        from .commands.replay_command import run_replay
         from .records import read_jsonl
 
         first = next(read_jsonl(args.trajectories), None)
         if first is None:
             raise SystemExit(f"{args.trajectories}: no trajectories")
         args.suite = first.suite
-        report = loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
+        report = event_loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
                                      concurrency=args.concurrency))
         print(json.dumps({k: v for k, v in report.items() if k != "differences"}))
         if args.json:
@@ -210,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.command == "suite" and args.suite_command == "check":
         from .bench.report import write_json
-        from .suite_check import check as check_suite
+        from .commands.suite_check import check as check_suite
 
-        report = loop.run(check_suite(make_suite(args), limit=args.limit, concurrency=args.concurrency))
+        report = event_loop.run(check_suite(make_suite(args), limit=args.limit, concurrency=args.concurrency))
         print(json.dumps({k: v for k, v in report.items() if k != "failures"}))
         for failure in report["failures"]:
             print(f"FAILED task {failure['task']} ({failure['template']}) {failure['attempt']}: {failure['reason']}")

@@ -1,9 +1,8 @@
 """The records of a rollout: what a trainer learns from and what replay re-executes.
 
-Owns: ``ToolCall`` (re-exported from the workspace protocol) and its canonical form, ``StepObservation``,
-``Step``, ``Trajectory``, ``TaskSpec``, ``RolloutRequest``, ``RolloutResult``, and JSON Lines on disk.
-The canonical form of a call (name plus arguments with sorted keys, compact JSON) is the key the prefix tree and
-speculation match on: two calls are the same call exactly when their canonical forms are equal.
+Owns: ``StepObservation``, ``Step``, ``Trajectory``, ``TaskSpec``, ``RolloutRequest``, ``RolloutResult``, the
+rollout ``Status``, and JSON Lines on disk. ``ToolCall`` and ``canonical`` (its one canonical form, the key the
+prefix tree and speculation match on) are re-exported from ``bunshin.envs.records``.
 Must never: keep bulky binary observation data in a record (screenshots are kept as digests).
 """
 
@@ -16,18 +15,10 @@ from typing import Any
 
 import msgspec
 
-from bunshin.envs.records import Observation, ToolCall
+from bunshin.envs.records import Observation, ToolCall, canonical
 
 __all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
            "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
-
-_canonical_encoder = msgspec.json.Encoder(order="sorted")
-
-
-def canonical(call: ToolCall) -> bytes:
-    """``{"args":{...},"name":...}`` with every object's keys sorted: equal exactly for equal calls."""
-    return _canonical_encoder.encode(call)
-
 
 class Status:
     """How a rollout ended. Everything but ``OK`` ends only that rollout; the batch goes on."""

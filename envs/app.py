@@ -1,8 +1,10 @@
 """The contract for applications that live in a workspace, and the helpers that make their state forkable.
 
 Owns: ``WorkspaceApp`` (state kept in the host process: Python objects, huge-page heaps, open files, listening
-sockets), ``AppContext`` (what the runtime gives an app: its workspace id and seed, a seeded random stream, files
-and sockets that the runtime re-opens or re-creates in a clone), and the after-fork sequence for an app.
+sockets), ``WorkerApp`` (state kept in a worker process the host spawns, forked with the workspace),
+``AppContext`` (what the runtime gives an app: its workspace id and seed, a seeded random stream, files and sockets
+that the runtime re-opens or re-creates in a clone), the after-fork sequence for an app, and the errors an app
+raises (``ToolError``: the agent's call was refused; ``WorkerError``: a worker call failed).
 Must never: assume it runs in a particular workspace across a fork: everything tied to the source's file system
 or network namespace goes through the context, which rebinds it in the clone.
 """
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .errors import EnvsError
 from .records import Observation
 
 Tool = Callable[[dict[str, Any]], Observation]
@@ -105,7 +108,7 @@ class AppContext:
         """Start a worker process (``module:WorkerAppSubclass``) holding state of its own; it is forked with
         the workspace. Returns a ``WorkerHandle``: ``handle.call("method", **args)``."""
         if self.spawner is None:
-            raise RuntimeError("only a workspace host's application can spawn workers")
+            raise WorkerError("only a workspace host's application can spawn workers")
         return self.spawner(target, kwargs)
 
     def open(self, path: str, mode: str = "r") -> ReopenableFile:
@@ -187,11 +190,58 @@ class WorkspaceApp:
         Runs instead of ``setup``, in the restored workspace (its files are the source's snapshot, the seed and
         ``ctx.rng`` the clone's). Workers are spawned again here (``ctx.spawn``, with what the source spawned
         them with) and handed their bytes (``handle.restore(data)``); call
-        ``workers.dont_fork_into_workers(data)`` first so they do not inherit the checkpoint's mapping."""
+        ``dont_fork_into_workers(data)`` first so they do not inherit the checkpoint's mapping."""
 
     def close(self) -> None:
         """Release resources; called before the host exits."""
 
 
-class ToolError(Exception):
+class ToolError(EnvsError):
     """A tool refused its arguments or failed; the agent sees the message, the workspace goes on."""
+
+
+class WorkerApp:
+    """State in a worker process. RPC methods are named ``rpc_<method>`` and take keyword arguments."""
+
+    def setup(self, ctx: AppContext) -> None:
+        pass
+
+    def readers(self) -> dict[Any, Callable[[], None]]:
+        """Sockets to watch (e.g. a listening socket from ``ctx.listen``) and what to call when one is readable.
+        Asked again after every request, so sockets re-created in a clone are picked up."""
+        return {}
+
+    def before_fork(self, ctx: AppContext) -> None:
+        ctx.flush_files()
+
+    def after_fork(self, ctx: AppContext) -> None:
+        pass
+
+    def checkpoint(self) -> bytes:
+        """The worker's state for the private-restore backend (the CRIU-like baseline), called after
+        ``before_fork``. Optional: a worker that does not override it refuses (``WorkerError`` in the host), and
+        so does the restore backend for its workspace. The host application asks for it in its own
+        ``WorkspaceApp.checkpoint`` (``handle.checkpoint()``) and carries the bytes in its checkpoint."""
+        raise NotImplementedError(f"{type(self).__name__} does not checkpoint its state")
+
+    def restore(self, ctx: AppContext, data: bytes) -> None:
+        """In a worker the restoring host spawned anew (``ctx.spawn`` in ``WorkspaceApp.restore``, so ``setup``
+        already ran, in the restored workspace, on its files): rebuild the rest of the state from
+        ``checkpoint()``'s bytes, in this process's private memory. Asked through ``handle.restore(data)``."""
+        raise NotImplementedError(f"{type(self).__name__} does not restore state")
+
+    def close(self) -> None:
+        pass
+
+
+class WorkerError(EnvsError):
+    """A worker call failed in the worker; the message carries the worker's exception."""
+
+
+def dont_fork_into_workers(payload: Any) -> None:
+    """For ``WorkspaceApp.restore`` before it spawns workers: keep the host's mapping of the checkpoint file (what
+    ``payload`` views) out of them (``MADV_DONTFORK``). A worker forked with it would keep the checkpoint file,
+    unlinked once the clone is ready, mapped and its pages cached for the worker's whole life."""
+    mapping = payload.obj if isinstance(payload, memoryview) else None
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTFORK"):
+        mapping.madvise(mmap.MADV_DONTFORK)

@@ -1,7 +1,9 @@
-"""Records that cross the engine/workspace boundary: tool calls, observations, memory figures and the host
-protocol (requests and replies framed as MessagePack over the workspace's Unix socket).
+"""Records every user of a workspace sees: tool calls and their one canonical form, observations, memory figures,
+which application a workspace runs and its limits. (The host protocol's own messages are the runtime's:
+``bunshin.envs.runtime.protocol``.)
 
-Owns: every msgspec Struct the engine and a workspace host exchange, and the shared encoder/decoders.
+Owns: these msgspec Structs and ``canonical(call)``, the byte string two calls share exactly when they are the same
+call: the prefix tree's key and what speculation matches on.
 Must never: import engine code or do I/O.
 """
 
@@ -13,13 +15,20 @@ import msgspec
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
-    """A tool invocation: ``name`` plus arguments. ``canonical()`` is the byte string equal calls share."""
+    """A tool invocation: ``name`` plus arguments (JSON-like values). Its key is ``canonical(call)``."""
 
     name: str
     args: dict[str, Any] = {}
 
-    def canonical(self) -> bytes:
-        return _canonical_encoder.encode(self)
+
+_canonical_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def canonical(call: ToolCall) -> bytes:
+    """``{"args":{...},"name":"..."}`` as compact JSON with every object's keys sorted: equal exactly for equal calls
+    (argument order aside). Calls a suite accepts are normalised by its tool schema first (defaults filled in,
+    numbers of the declared type), so two spellings of one call share one key."""
+    return _canonical_encoder.encode(call)
 
 
 class Observation(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,137 +64,10 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """A workspace's limits: memory and processes (its cgroup), and the default deadline of a tool call
+    (``command_timeout_s``; a call may ask for another with ``execute(call, timeout_s=...)``)."""
+
     memory_bytes: int | None = 4 << 30
     pids: int | None = 512
     command_timeout_s: float = 60.0
-
-
-# -- host protocol: engine -> host ------------------------------------------------------------------------------
-
-
-class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
-    """First frame to a freshly spawned host: everything it needs to build its workspace."""
-
-    ws_id: str
-    hostname: str
-    seed: int
-    layer: str  # name of its writable layer in the pool
-    lower: str  # image directory, relative to the pool
-    image_binds: list[str]  # host paths bind-mounted read-only at the same path (the default image's /usr)
-    runtime_binds: list[str]  # the host interpreter's paths: hidden below RUNTIME_DIR, reached by symlinks
-    mount_target: str  # empty directory (host path) where the root is assembled before pivot_root
-    cgroup_rel: str  # the workspace's cgroup below each hierarchy fd
-    app: AppSpec
-    reaper_pid: int  # the run's nursery: clones are orphaned onto it, and die when it dies
-    restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
-    faults: list[str] = []
-
-
-class Execute(msgspec.Struct, frozen=True, kw_only=True, tag="execute"):
-    call: ToolCall
-    timeout_s: float = 60.0
-
-
-class CloneSpec(msgspec.Struct, frozen=True, kw_only=True):
-    ws_id: str
-    hostname: str
-    seed: int
-    layer: str
-    cgroup_rel: str
-    frozen: bool = False  # a snapshot: read-only root, does not run tools, can be forked again
-
-
-class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):
-    """Fork the workspace live. Carries one file descriptor: the clone's end of its new socket."""
-
-    clone: CloneSpec
-
-
-class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
-    path: str  # relative to the pool
-    layer: str  # read-only snapshot of the files, taken at the same instant
-
-
-class Ping(msgspec.Struct, frozen=True, tag="ping"):
-    pass
-
-
-class Close(msgspec.Struct, frozen=True, tag="close"):
-    pass
-
-
-Request = Execute | Fork | Checkpoint | Ping | Close
-
-
-# -- host protocol: host -> engine ------------------------------------------------------------------------------
-
-
-class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
-    ws_id: str
-    pid: int
-    setup_s: float
-
-
-class Executed(msgspec.Struct, frozen=True, kw_only=True, tag="executed"):
-    observation: Observation
-
-
-class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
-    freeze_ns: int  # how long the source stopped serving, measured inside the source
-
-
-class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):
-    bytes_written: int
-    freeze_ns: int
-
-
-class Pong(msgspec.Struct, frozen=True, kw_only=True, tag="pong"):
-    pid: int
-    state_version: int
-
-
-class Closed(msgspec.Struct, frozen=True, tag="closed"):
-    pass
-
-
-class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
-    """The request was refused or failed; the host keeps serving. ``kind`` names the class of failure."""
-
-    kind: str  # "bad_request" | "fork" | "checkpoint" | "tool" | "internal"
-    message: str
-
-
-# -- nursery protocol: engine <-> the run's reaper process ---------------------------------------------------------
-
-
-class NurserySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
-    """Start a process; the frame's descriptors are passed to it, named ``{0}``, ``{1}``... in ``argv``."""
-
-    argv: list[str]
-    log_path: str
-    cwd: str
-
-
-class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
-    pid: int
-
-
-class NurseryFailed(msgspec.Struct, frozen=True, kw_only=True, tag="spawn_failed"):
-    message: str
-
-
-class NurseryExited(msgspec.Struct, frozen=True, kw_only=True, tag="exited"):
-    """Unsolicited: a process of the run exited (waitpid status)."""
-
-    pid: int
-    status: int
-
-
-Reply = Ready | Executed | Forked | Checkpointed | Pong | Closed | Failed
-
-_canonical_encoder = msgspec.msgpack.Encoder(order="sorted")
-encoder = msgspec.msgpack.Encoder()
-request_decoder = msgspec.msgpack.Decoder(Request)
-config_decoder = msgspec.msgpack.Decoder(HostConfig)
-reply_decoder = msgspec.msgpack.Decoder(Reply)
-nursery_decoder = msgspec.msgpack.Decoder(NurserySpawn | NurserySpawned | NurseryFailed | NurseryExited)
+    deadline_grace_s: float = 10.0  # a call's deadline is its timeout plus max(this, a quarter of the timeout)

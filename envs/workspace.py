@@ -1,43 +1,35 @@
 """The engine's handle on one workspace: the Workspace contract of DESIGN.md section 3, over a host's socket.
 
-Owns: sending one request at a time to a host and typing its reply, noticing a host that died or hit its limits
-(and saying why), forking through the runtime's backend, and closing: host, cgroup, layer, in that order.
+Owns: sending one request at a time to a host and typing its reply, the deadline of every tool call (a host that
+overruns it is stopped and the workspace reported broken with that reason), noticing a host that died or hit its
+limits (and saying why), and closing (host, cgroup, layer, in that order). Forks, exit statuses and the removal of
+what a workspace leaves are asked of ``WorkspaceServices``, the small surface its runtime provides: a workspace
+never sees the runtime class.
 Must never: block the event loop on the host, or leave a workspace half-closed when ``close()`` is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import socket
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
-from typing import TYPE_CHECKING
 
-from .channel import ChannelClosed, async_recv_frame, async_send_frame
-from .cgroups import Cgroup
-from .errors import RequestRefused, WorkspaceBroken, WorkspaceClosed
-from .memory import processes_memory
-from .records import (
-    Close,
-    Execute,
-    Failed,
-    MemoryStats,
-    Observation,
-    Ping,
-    Pong,
-    Reply,
-    Request,
-    AppSpec,
-    ToolCall,
-    encoder,
-    reply_decoder,
-)
+from .errors import CallDeadlineExceeded, RequestRefused, WorkspaceBroken, WorkspaceClosed
+from .records import AppSpec, Limits, MemoryStats, Observation, ToolCall
+from .runtime import await_points
+from .runtime.cgroups import Cgroup
+from .runtime.channel import ChannelClosed, async_recv_frame, async_send_frame
+from .runtime.memory import processes_memory
+from .runtime.protocol import (Checkpoint, Checkpointed, Close, Execute, Executed, Failed, Ping, Pong, Reply,
+                               Request, encoder, reply_decoder)
 
-if TYPE_CHECKING:
-    from .runtime import WorkspaceRuntime
+CLOSE_GRACE_S = 5.0  # how long a host may take to say goodbye before it is killed anyway
 
 
 @dataclass(frozen=True)
@@ -48,14 +40,38 @@ class ForkTiming:
     ready_s: float
 
 
+class WorkspaceServices(Protocol):
+    """What a workspace needs from whoever runs it (the runtime's ``Hosts``)."""
+
+    limits: Limits
+
+    async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+        """A clone of ``source`` made by the run's fork backend."""
+
+    async def wait_exit(self, pid: int, timeout: float) -> int | None:
+        """The wait status of the workspace process ``pid``, or None if it did not exit within ``timeout``."""
+
+    def stop(self, ws: Workspace) -> None:
+        """SIGKILL the workspace's host now (it overran a deadline); ``discard`` removes the rest later."""
+
+    async def discard(self, ws: Workspace) -> None:
+        """After the host stopped serving: kill what is left of the workspace, remove its cgroup and layer."""
+
+
+def deadline_s(timeout_s: float, limits: Limits) -> float:
+    """How long the runtime waits for a tool call asked to finish within ``timeout_s``: the call's own time, plus
+    the grace a host needs to stop a command that ran out of time and to answer (observations, screenshots)."""
+    return timeout_s + max(limits.deadline_grace_s, 0.25 * timeout_s)
+
+
 class Workspace:
     """A running, isolated computer. Create it with ``WorkspaceRuntime.create``; fork it with ``fork()``."""
 
     frozen = False
 
-    def __init__(self, runtime: WorkspaceRuntime, ws_id: str, *, pid: int, sock: socket.socket, cgroup: Cgroup,
+    def __init__(self, services: WorkspaceServices, ws_id: str, *, pid: int, sock: socket.socket, cgroup: Cgroup,
                  layer: str, seed: int, app: AppSpec, parent: str | None, generation: int):
-        self.runtime = runtime
+        self.services = services
         self.app_spec = app
         self.id = ws_id
         self.pid = pid
@@ -67,7 +83,7 @@ class Workspace:
         self.generation = generation
         self.forks = 0  # how many clones this workspace has made; feeds the clones' seeds
         self._lock = asyncio.Lock()
-        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self.broken: str | None = None
         self._limit_hits = (0, 0)
         self.last_fork: ForkTiming | None = None  # set on clones: how their fork went
@@ -84,7 +100,7 @@ class Workspace:
         Cancelling the caller does not cut a frame in half: the exchange runs to its end in the background and
         the next request (or ``close()``) collects the orphaned reply first.
         """
-        if self._closed:
+        if self._closing is not None:
             raise WorkspaceClosed(self.id, "used after close()")
         if self.broken:
             raise WorkspaceBroken(self.id, self.broken)
@@ -92,11 +108,14 @@ class Workspace:
             try:
                 await self._collect_orphan()
                 self._inflight = asyncio.ensure_future(self._exchange(encoder.encode(message), fds))
+                await await_points.reached("workspace.request.sent")
                 body = await asyncio.shield(self._inflight)
                 self._inflight = None
                 reply = reply_decoder.decode(body)
             except ChannelClosed as exc:
                 self._inflight = None
+                if self.broken:  # we stopped it (a deadline): that is the reason, not its death
+                    raise WorkspaceBroken(self.id, self.broken) from exc
                 reason = await self._death_reason()
                 self.broken = reason
                 raise WorkspaceBroken(self.id, reason) from exc
@@ -108,6 +127,13 @@ class Workspace:
         if isinstance(reply, Failed):
             raise RequestRefused(self.id, reply.kind, reply.message)
         return reply
+
+    def expect(self, reply: Reply, kind: type[Reply]) -> None:
+        """A reply of the wrong kind means the host and the engine disagree about the protocol: the channel can no
+        longer be trusted, so the workspace is broken (never an ``assert``: it must hold with ``python -O``)."""
+        if not isinstance(reply, kind):
+            self.broken = f"protocol error: expected {kind.__name__}, the host answered {type(reply).__name__}"
+            raise WorkspaceBroken(self.id, self.broken)
 
     async def _exchange(self, payload: bytes, fds: list[int] | None) -> bytes:
         await async_send_frame(self.sock, payload, fds)
@@ -135,34 +161,60 @@ class Workspace:
         self._inflight = None
 
     async def execute(self, call: ToolCall, timeout_s: float | None = None) -> Observation:
-        """Run one tool call. A call that leaves the workspace over its limits raises WorkspaceBroken."""
-        timeout = self.runtime.limits.command_timeout_s if timeout_s is None else timeout_s
-        reply = await self.request(Execute(call=call, timeout_s=timeout))
+        """Run one tool call within ``timeout_s`` (default: the runtime's ``Limits.command_timeout_s``).
+
+        A shell command that runs out of time is stopped by the host and reported in the observation. Any tool
+        that does not come back by the deadline (``deadline_s``) stops the host: the call raises
+        ``CallDeadlineExceeded`` and the workspace is broken with that reason. A call that leaves the workspace
+        over its limits raises WorkspaceBroken."""
+        limits = self.services.limits
+        timeout = limits.command_timeout_s if timeout_s is None else float(timeout_s)
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        deadline = deadline_s(timeout, limits)
+        try:
+            async with asyncio.timeout(deadline):
+                reply = await self.request(Execute(call=call, timeout_s=timeout))
+        except TimeoutError as exc:
+            reason = (f"tool call {call.name!r} overran its deadline: asked to finish within {timeout:g}s, no "
+                      f"answer after {deadline:g}s; the host was stopped")
+            self._stop(reason)
+            raise CallDeadlineExceeded(self.id, reason, tool=call.name, deadline_s=deadline) from exc
+        self.expect(reply, Executed)
         reason = await asyncio.to_thread(self._limit_breach)
         if reason is not None:
             self.broken = reason
             raise WorkspaceBroken(self.id, reason)
         return reply.observation  # type: ignore[union-attr]
 
+    def _stop(self, reason: str) -> None:
+        """Mark the workspace broken and kill its host: it is stuck in a call nobody waits for any more."""
+        self.broken = reason
+        self.services.stop(self)
+
     async def ping(self) -> Pong:
         reply = await self.request(Ping())
-        assert isinstance(reply, Pong)
-        return reply
+        self.expect(reply, Pong)
+        return reply  # type: ignore[return-value]
 
     # -- forks ------------------------------------------------------------------------------------------------
     async def fork(self, *, seed: int | None = None) -> Workspace:
         """A live copy-on-write clone that runs on its own; this workspace keeps running."""
-        return await self.runtime.backend.fork(self, seed=seed, frozen=False)
+        return await self.services.fork(self, seed=seed, frozen=False)
 
     async def snapshot(self) -> Snapshot:
         """A frozen fork: it runs nothing and can be forked again later."""
-        snap = await self.runtime.backend.fork(self, seed=None, frozen=True)
-        assert isinstance(snap, Snapshot)
+        snap = await self.services.fork(self, seed=None, frozen=True)
+        if not isinstance(snap, Snapshot):
+            raise TypeError(f"the fork backend made a {type(snap).__name__} where a Snapshot was asked for")
         return snap
 
     async def checkpoint(self, path: str) -> int:
-        """Write the application state to ``path`` (relative to the run's pool); returns bytes written."""
-        return await self.runtime.checkpoint(self, path)
+        """Write the application state to ``path`` (relative to the run's pool) and snapshot the files beside it
+        (``<path>.layer``); returns the bytes written."""
+        reply = await self.request(Checkpoint(path=path, layer=f"{os.path.basename(path)}.layer"))
+        self.expect(reply, Checkpointed)
+        return reply.bytes_written  # type: ignore[union-attr]
 
     # -- state ------------------------------------------------------------------------------------------------
     def memory(self) -> MemoryStats:
@@ -170,7 +222,7 @@ class Workspace:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._closing is not None
 
     def _limit_breach(self) -> str | None:
         ooms, pid_hits = self.cgroup.oom_kills(), self.cgroup.pids_limit_hits()
@@ -183,7 +235,7 @@ class Workspace:
 
     async def _death_reason(self) -> str:
         """Why the host went away: its wait status plus the cgroup's limit counters."""
-        status = await self.runtime.nursery.wait_exit(self.pid, timeout=5.0)
+        status = await self.services.wait_exit(self.pid, timeout=5.0)
         limit = self._limit_breach()
         if status is None:
             what = "host closed its channel but is still running"
@@ -195,18 +247,17 @@ class Workspace:
 
     # -- close ------------------------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Stop the host, kill whatever is left in the cgroup, delete the layer. Safe to call twice; finishes
-        even when the caller is cancelled."""
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.shield(self._teardown())
+        """Stop the host, kill whatever is left in the cgroup, delete the layer. Finishes even when the caller is
+        cancelled; a second call (concurrent or later) returns once the first one's teardown has finished."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._teardown())
+        await asyncio.shield(self._closing)
 
     async def _teardown(self) -> None:
         try:
             if not self.broken:
                 try:
-                    async with asyncio.timeout(5):
+                    async with asyncio.timeout(CLOSE_GRACE_S):
                         async with self._lock:
                             await self._collect_orphan()
                             await self._exchange(encoder.encode(Close()), None)
@@ -216,7 +267,7 @@ class Workspace:
             if self._inflight is not None:
                 self._inflight.cancel()
             self.sock.close()
-            await self.runtime.discard(self)
+            await self.services.discard(self)
 
 
 class Snapshot(Workspace):
@@ -226,6 +277,3 @@ class Snapshot(Workspace):
 
     async def execute(self, call: ToolCall, timeout_s: float | None = None) -> Observation:
         raise RequestRefused(self.id, "bad_request", "a snapshot runs no tools; fork it first")
-
-    async def snapshot(self) -> Snapshot:
-        return await self.runtime.backend.fork(self, seed=None, frozen=True)  # type: ignore[return-value]

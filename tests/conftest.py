@@ -15,7 +15,7 @@ import uvloop
 
 from bunshin.envs import AppSpec, Limits, WorkspaceRuntime
 
-HEAP_APP = "bunshin.envs.apps.heap:HeapApp"
+HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -30,6 +30,10 @@ def heap_app(size: int = 16 << 20) -> AppSpec:
 # two test sessions (say, two checkouts) can run on one machine at once.
 SESSION_MARKER = f"BUNSHIN_TEST_SESSION={os.getpid()}-{time.time_ns()}"
 os.environ["BUNSHIN_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
+# Test-only applications (tests/apps) are imported by workspace hosts, which inherit the environment; the
+# repository root is among the paths the runtime binds into workspaces for the host's imports.
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
 def host_processes() -> list[int]:
@@ -42,7 +46,7 @@ def host_processes() -> list[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"bunshin.envs.host" in cmd or b"bunshin.envs.nursery" in cmd:
+        if b"bunshin.envs.runtime.host" in cmd or b"bunshin.envs.runtime.nursery" in cmd:
             try:
                 environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:

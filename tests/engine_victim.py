@@ -13,7 +13,7 @@ from bunshin.envs import AppSpec, WorkspaceRuntime
 async def main(state_dir: Path, fault: str) -> None:
     rt = WorkspaceRuntime(state_dir=state_dir, faults=[fault])
     await rt.start()
-    ws = await rt.create(AppSpec(target="bunshin.envs.apps.heap:HeapApp", kwargs={"size_bytes": 8 << 20}))
+    ws = await rt.create(AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": 8 << 20}))
     from bunshin.envs import ToolCall
 
     await ws.execute(ToolCall(name="shell", args={"cmd": "sleep 600 > /dev/null 2>&1 &"}))

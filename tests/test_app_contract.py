@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
-from bunshin.envs.apps.notes import connect_and_send
+from tests.apps.notes import connect_and_send
 
 pytestmark = pytest.mark.asyncio
-NOTES = AppSpec(target="bunshin.envs.apps.notes:NotesApp")
+NOTES = AppSpec(target="tests.apps.notes:NotesApp")
 
 
 async def call(ws, name: str, **args) -> str:

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 import numpy as np
 from PIL import Image
 
-from bunshin.envs.browser import dom
-from bunshin.envs.browser.actions import format_action, parse_action, validate_call
-from bunshin.envs.browser.browser import Browser, BrowserError
-from bunshin.envs.browser.dom import SelectorError, form_fields, outer_text, parse_html
+from bunshin.envs.webshop.browser import dom
+from bunshin.envs.webshop.browser.actions import format_action, parse_action, validate_call
+from bunshin.envs.webshop.browser.browser import Browser, BrowserError
+from bunshin.envs.webshop.browser.dom import SelectorError, form_fields, outer_text, parse_html
 from bunshin.envs.records import ToolCall
 from bunshin.envs.suites.base import ActionError
 from bunshin.envs.webshop import html as pages
@@ -685,7 +685,7 @@ def test_a_broken_image_does_not_break_its_page(server: tuple[str, Shop]) -> Non
     b = Browser(server[0] + "/")
     b.act(ToolCall(name="goto", args={"url": "/contact/"}))
     doc = b.page.document
-    from bunshin.envs.browser import images
+    from bunshin.envs.webshop.browser import images
 
     img = dom.parse_html('<html><body><img src="/media/missing.png" width="10" height="10"></body></html>')
     assert images.decode_images(img, lambda src: b._fetch_image(b.current_url(), src), 2.0) == []

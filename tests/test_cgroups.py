@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin.envs.cgroups import CgroupLayout, CgroupUnavailable
+from bunshin.envs.runtime.cgroups import CgroupLayout, CgroupUnavailable
 
 V1 = """\
 30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory

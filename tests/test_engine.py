@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bunshin.engine.evaluate import run_replay, summarize
+from bunshin.engine.commands.eval_command import summarize
+from bunshin.engine.commands.replay_command import run_replay
 from bunshin.engine.records import (RolloutRequest, Status, Step, StepObservation, TaskSpec, Trajectory,
                                     canonical, read_jsonl, write_jsonl)
 from bunshin.engine.rollout import RolloutEngine

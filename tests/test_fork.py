@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bunshin.envs import ForkFailed, RequestRefused, Snapshot, ToolCall, Workspace, WorkspaceRuntime
-from bunshin.envs.cgroups import Cgroup
+from bunshin.envs.runtime.cgroups import Cgroup
 
 from .conftest import heap_app
 

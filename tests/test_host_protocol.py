@@ -6,8 +6,8 @@ import msgspec
 import pytest
 
 from bunshin.envs import RequestRefused, ToolCall, WorkspaceRuntime
-from bunshin.envs.channel import async_recv_frame, async_send_frame
-from bunshin.envs.records import Failed, Pong, reply_decoder
+from bunshin.envs.runtime.channel import async_recv_frame, async_send_frame
+from bunshin.envs.runtime.protocol import Failed, Pong, reply_decoder
 
 from .conftest import heap_app
 
@@ -71,7 +71,7 @@ async def test_bad_app_fails_start_with_its_error(runtime: WorkspaceRuntime) -> 
     from bunshin.envs import AppSpec, WorkspaceStartFailed
 
     with pytest.raises(WorkspaceStartFailed, match="size_bytes must be >= 0"):
-        await runtime.create(AppSpec(target="bunshin.envs.apps.heap:HeapApp", kwargs={"size_bytes": -1}))
+        await runtime.create(AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": -1}))
     with pytest.raises(WorkspaceStartFailed, match="No module named"):
         await runtime.create(AppSpec(target="no.such.module:App"))
     assert runtime.workspaces == {}
@@ -81,14 +81,14 @@ async def test_bad_app_fails_start_with_its_error(runtime: WorkspaceRuntime) -> 
 async def test_snapshot_refuses_tools_through_the_host_too(runtime: WorkspaceRuntime) -> None:
     ws = await runtime.create(heap_app())
     snap = await ws.snapshot()
-    from bunshin.envs.records import Execute
+    from bunshin.envs.runtime.protocol import Execute
 
     with pytest.raises(RequestRefused, match="runs no tools"):
         await snap.request(Execute(call=ToolCall(name="shell", args={"cmd": "true"})))
 
 
 async def test_agent_cannot_outwait_or_flood_the_host(runtime: WorkspaceRuntime) -> None:
-    from bunshin.envs.host import MAX_OUTPUT
+    from bunshin.envs.runtime.agents import MAX_OUTPUT
 
     ws = await runtime.create(heap_app())
     flood = await ws.execute(ToolCall(name="shell", args={"cmd": "head -c 50000000 /dev/zero | tr '\\\\0' x"}))

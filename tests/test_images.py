@@ -44,7 +44,7 @@ async def test_workspace_on_a_given_image(make_runtime, tmp_path: Path, kind: st
 
 async def test_image_that_is_not_a_root_file_system_is_refused(make_runtime, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    from bunshin.envs.image import ImageError
+    from bunshin.envs.runtime.image import ImageError
 
     with pytest.raises(ImageError, match="no bin/ or usr/bin/"):
         await make_runtime(image=tmp_path / "empty")

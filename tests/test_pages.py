@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bunshin.envs import ToolCall, WorkspaceRuntime
-from bunshin.envs.pages import compare, page_set
+from bunshin.envs.runtime.page_sharing import compare, page_set
 
 from .conftest import heap_app
 

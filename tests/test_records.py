@@ -1,4 +1,5 @@
-"""Every record that crosses the engine/workspace boundary round-trips through MessagePack and JSON."""
+"""Every record that crosses the engine/workspace boundary round-trips through MessagePack and JSON; a tool call has
+one canonical form."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bunshin.envs import records
+from bunshin.envs.runtime import protocol
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20),
@@ -22,20 +24,20 @@ observations = st.builds(records.Observation, output=st.text(max_size=50), exit_
 sizes = st.integers(0, 2**62)
 memory = st.builds(records.MemoryStats, pss=sizes, private=sizes, shared=sizes, rss=sizes, anon_huge=sizes,
                    cgroup_charge=sizes, processes=st.integers(0, 10_000))
-clone_specs = st.builds(records.CloneSpec, ws_id=st.text(max_size=10), hostname=st.text(max_size=10),
+clone_specs = st.builds(protocol.CloneSpec, ws_id=st.text(max_size=10), hostname=st.text(max_size=10),
                         seed=st.integers(0, 2**63 - 1), layer=st.text(max_size=10), cgroup_rel=st.text(max_size=10),
                         frozen=st.booleans())
 requests = st.one_of(
-    st.builds(records.Execute, call=tool_calls, timeout_s=st.floats(0, 1e4, allow_nan=False)),
-    st.builds(records.Fork, clone=clone_specs),
-    st.builds(records.Checkpoint, path=st.text(max_size=10), layer=st.text(max_size=10)),
-    st.just(records.Ping()), st.just(records.Close()),
+    st.builds(protocol.Execute, call=tool_calls, timeout_s=st.floats(0, 1e4, allow_nan=False)),
+    st.builds(protocol.Fork, clone=clone_specs),
+    st.builds(protocol.Checkpoint, path=st.text(max_size=10), layer=st.text(max_size=10)),
+    st.just(protocol.Ping()), st.just(protocol.Close()),
 )
 replies = st.one_of(
-    st.builds(records.Ready, ws_id=st.text(max_size=10), pid=st.integers(1, 2**22), setup_s=st.floats(0, 1e3)),
-    st.builds(records.Executed, observation=observations),
-    st.builds(records.Forked, freeze_ns=st.integers(0, 2**62)),
-    st.builds(records.Failed, kind=st.text(max_size=10), message=st.text(max_size=30)),
+    st.builds(protocol.Ready, ws_id=st.text(max_size=10), pid=st.integers(1, 2**22), setup_s=st.floats(0, 1e3)),
+    st.builds(protocol.Executed, observation=observations),
+    st.builds(protocol.Forked, freeze_ns=st.integers(0, 2**62)),
+    st.builds(protocol.Failed, kind=st.text(max_size=10), message=st.text(max_size=30)),
 )
 
 
@@ -49,21 +51,39 @@ def test_structs_round_trip(value: msgspec.Struct) -> None:
 
 @settings(max_examples=200)
 @given(requests)
-def test_requests_round_trip_through_the_tagged_union(value: records.Request) -> None:
-    assert records.request_decoder.decode(records.encoder.encode(value)) == value
+def test_requests_round_trip_through_the_tagged_union(value: protocol.Request) -> None:
+    assert protocol.request_decoder.decode(protocol.encoder.encode(value)) == value
 
 
 @settings(max_examples=200)
 @given(replies)
-def test_replies_round_trip_through_the_tagged_union(value: records.Reply) -> None:
-    assert records.reply_decoder.decode(records.encoder.encode(value)) == value
+def test_replies_round_trip_through_the_tagged_union(value: protocol.Reply) -> None:
+    assert protocol.reply_decoder.decode(protocol.encoder.encode(value)) == value
 
 
-@given(st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1), min_size=2, max_size=6))
-def test_canonical_form_ignores_argument_order(d: dict[str, int]) -> None:
+@given(st.dictionaries(st.text(max_size=5), json_values, min_size=2, max_size=6))
+def test_canonical_form_ignores_argument_order_and_nothing_else(d: dict[str, object]) -> None:
     forward = records.ToolCall(name="t", args=dict(sorted(d.items())))
     backward = records.ToolCall(name="t", args=dict(sorted(d.items(), reverse=True)))
-    assert forward.canonical() == backward.canonical()
+    assert records.canonical(forward) == records.canonical(backward)
+    key = next(iter(d))
+    changed = records.ToolCall(name="t", args={**d, key: ["a value no strategy draws", d[key]]})
+    assert records.canonical(changed) != records.canonical(forward)
+    assert records.canonical(records.ToolCall(name="u", args=d)) != records.canonical(forward)
+
+
+def test_canonical_form_is_compact_sorted_json_and_there_is_one() -> None:
+    from bunshin.engine import records as engine_records
+
+    call = records.ToolCall(name="type", args={"text": "a b", "element_id": 7, "press_enter_after": True})
+    assert records.canonical(call) == b'{"args":{"element_id":7,"press_enter_after":true,"text":"a b"},"name":"type"}'
+    assert engine_records.canonical is records.canonical  # the engine keys by the same function
+    assert not hasattr(records.ToolCall, "canonical")
+    # an int and a bool (or a float) are different arguments: a tool schema normalises types before keying
+    assert records.canonical(records.ToolCall(name="t", args={"x": 1})) != \
+        records.canonical(records.ToolCall(name="t", args={"x": True}))
+    assert records.canonical(records.ToolCall(name="t", args={"x": 1})) != \
+        records.canonical(records.ToolCall(name="t", args={"x": 1.0}))
 
 
 def test_memory_stats_add() -> None:

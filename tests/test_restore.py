@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bunshin.envs import ToolCall, WorkspaceRuntime
-from bunshin.envs import checkpoint_file
+from bunshin.envs.runtime import checkpoint_file
 
 from .conftest import heap_app
 
@@ -65,7 +65,7 @@ async def test_restore_refuses_state_it_cannot_checkpoint(make_runtime) -> None:
     from bunshin.envs import AppSpec, ForkFailed
 
     rt: WorkspaceRuntime = await make_runtime(backend="restore")
-    source = await rt.create(AppSpec(target="bunshin.envs.apps.kv:KVApp"))
+    source = await rt.create(AppSpec(target="tests.apps.kv:KVApp"))
     with pytest.raises(ForkFailed, match=r"worker process\(es\) without checkpointing them"):
         await source.fork()
     assert (await source.execute(ToolCall(name="kv_get", args={"key": "k"}))).output == "None"
@@ -77,7 +77,7 @@ def test_a_worker_checkpoints_only_if_it_implements_it() -> None:
     import random
 
     from bunshin.envs.app import AppContext
-    from bunshin.envs.workers import Worker, WorkerApp, WorkerCheckpoint, WorkerRestore
+    from bunshin.envs.runtime.workers import Worker, WorkerApp, WorkerCheckpoint, WorkerRestore
 
     worker = Worker(None, WorkerApp(), AppContext(ws_id="w", seed=1, rng=random.Random(1), run_agent=None),  # type: ignore[arg-type]
                     [])

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bunshin.envs import ToolCall, WorkspaceRuntime
-from bunshin.envs.browser.browser import Browser
-from bunshin.envs.pages import compare, page_set
+from bunshin.envs.webshop.browser.browser import Browser
+from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.suites.base import play
 from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite

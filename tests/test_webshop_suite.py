@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from bunshin.engine.bench.sharing import plans
-from bunshin.engine.suite_check import check
+from bunshin.engine.commands.suite_check import check
 from bunshin.envs import ToolCall
-from bunshin.envs.pages import compare, page_set
+from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.suites import webarena
 from bunshin.envs.suites.base import ActionError, play
 from bunshin.envs.webshop import tasks as generator

@@ -10,7 +10,7 @@ import pytest
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 
 pytestmark = pytest.mark.asyncio
-KV = AppSpec(target="bunshin.envs.apps.kv:KVApp")
+KV = AppSpec(target="tests.apps.kv:KVApp")
 
 
 async def tool(ws, name: str, **args):

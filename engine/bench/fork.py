@@ -33,7 +33,7 @@ def _log(message: str) -> None:
 
 
 async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
-    app = AppSpec(target="bunshin.envs.apps.heap:HeapApp", kwargs={"size_bytes": size})
+    app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": size})
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, private, private1, private10 = [], [], [], [], []
     async with WorkspaceRuntime(backend=backend, limits=limits) as rt:

@@ -5,7 +5,7 @@ Owns: the procedure. One initialised workspace runs the task's start, then two s
 A plays the reference solutions of tasks of one template, B those of the template's other tasks (a sample that went
 for another item of the same kind: same start, different path), one step each per round, until ``steps`` rounds.
 After each round every resident 4 KiB page of A's processes is hashed and matched against B's
-(``bunshin.envs.pages``): ``identical_fraction`` is what a content-deduplicating system could share,
+(``bunshin.envs.runtime.page_sharing``): ``identical_fraction`` is what a content-deduplicating system could share,
 ``physically_shared_fraction`` what the copy-on-write fork shares, and ``workspace_bytes`` A's resident memory in
 its writable private mappings (where a workspace's state lives).
 Must never: run the page walk on the event loop (it reads hundreds of MB).
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bunshin.envs import Limits, WorkspaceRuntime
-from bunshin.envs.pages import compare, page_set
+from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.records import ToolCall
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace

@@ -62,7 +62,7 @@ import time
 from typing import Any
 
 from ..app import AppContext, HugeHeap, Tool, ToolError, WorkspaceApp
-from ..image import AGENT_GID, AGENT_HOME, AGENT_UID
+from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 from ..records import Observation
 from . import home
 from .editor import Buffer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..image import AGENT_HOME
+from ..runtime.image import AGENT_HOME
 
 MARKER = "\x1e__bunshin_cwd__:"
 

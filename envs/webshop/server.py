@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..app import AppContext
-from ..workers import WorkerApp
+from ..app import AppContext, WorkerApp
 from . import html as pages
 from .catalog import Catalog, Thumbnails
 from .search import SearchIndex

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..browser.actions import parse_action
+from .browser.actions import parse_action
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import webarena
 from ..suites.base import ActionError, Suite, SuiteTask, checked

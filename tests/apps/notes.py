@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..app import AppContext, Tool, WorkspaceApp
-from ..records import Observation
+from bunshin.envs.app import AppContext, Tool, WorkspaceApp
+from bunshin.envs.records import Observation
 
 
 class NotesApp(WorkspaceApp):

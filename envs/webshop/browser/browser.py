@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..records import Observation, ToolCall
-from ..suites.base import ActionError
+from ...records import Observation, ToolCall
+from ...suites.base import ActionError
 from . import accessibility, dom, images, screenshot
 from .accessibility import LINE_HEIGHT
 from .actions import validate_call

@@ -6,7 +6,7 @@ telling the engine each exit's wait status. Why a process of its own: a subreape
 and the engine often lives inside a trainer whose own grandchildren must not be adopted by us (nor we by them).
 Must never: outlive the engine (parent-death signal), or let a child of ours stay a zombie.
 
-Engine side: ``Nursery`` (asyncio). Process side: ``python -m bunshin.envs.nursery --control FD``.
+Engine side: ``Nursery`` (asyncio). Process side: ``python -m bunshin.envs.runtime.nursery --control FD``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 from . import syscalls
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
-from .records import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
+from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
 
 
 # -- the nursery process ------------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bunshin.envs.nursery")
+    parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.nursery")
     parser.add_argument("--control", type=int, required=True)
     parser.add_argument("--engine-pid", type=int, required=True)
     args = parser.parse_args(argv)
@@ -129,7 +129,7 @@ class Nursery:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "bunshin.envs.nursery", "--control", str(theirs.fileno()),
+                [sys.executable, "-m", "bunshin.envs.runtime.nursery", "--control", str(theirs.fileno()),
                  "--engine-pid", str(os.getpid())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.cwd,
                 start_new_session=True)

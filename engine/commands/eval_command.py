@@ -1,8 +1,6 @@
-"""``bunshin eval`` and ``bunshin replay``: a batch of rollouts from the command line, and re-executing a record.
+"""``bunshin eval``: a batch of GRPO rollouts from the command line.
 
-Owns: choosing the policy from its spec (``scripted``, ``replay:PATH``, ``openai:URL``), the progress display, the
-summary (table on stdout, ``summary.json``), ``trajectories.jsonl``, and the replay comparison
-``{"trajectories", "identical_observations", "identical_rewards"}``.
+Owns: the progress display, the summary (table on stdout, ``summary.json``) and ``trajectories.jsonl``.
 Must never: lose a finished rollout: trajectories are appended to the file as they finish.
 """
 
@@ -18,25 +16,9 @@ import msgspec
 from bunshin.envs.suites.base import Suite
 from bunshin.policies.base import Policy
 
-from .bench.report import human_bytes, markdown_table, write_json
-from .records import RolloutRequest, Status, TaskSpec, Trajectory, read_jsonl
-from .rollout import RolloutEngine
-
-
-def make_policy(spec: str, time_scale: float) -> Policy:
-    if spec == "scripted":
-        from bunshin.policies.scripted import ScriptedPolicy
-
-        return ScriptedPolicy(time_scale=time_scale)
-    if spec.startswith("replay:"):
-        from bunshin.policies.replay import ReplayPolicy
-
-        return ReplayPolicy.from_file(spec.removeprefix("replay:"))
-    if spec.startswith("openai:"):
-        from bunshin.policies.openai import OpenAIPolicy
-
-        return OpenAIPolicy(spec.removeprefix("openai:"))
-    raise ValueError(f"unknown policy {spec!r}: use scripted, replay:PATH or openai:URL")
+from ..bench.report import human_bytes, markdown_table, write_json
+from ..records import Status, Trajectory
+from ..rollout import RolloutEngine
 
 
 class Progress:
@@ -115,37 +97,3 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
         print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
                                                        if k != Status.OK))
     return summary
-
-
-async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurrency: int = 8) -> dict[str, Any]:
-    """Re-execute recorded trajectories in fresh workspaces; compare observations and rewards step by step."""
-    from bunshin.policies.replay import ReplayPolicy
-
-    recorded = list(read_jsonl(path))
-    policy = ReplayPolicy(recorded)
-    requests, seen = [], set()
-    for t in recorded:
-        if t.group_id not in seen:
-            seen.add(t.group_id)
-            size = sum(1 for u in recorded if u.group_id == t.group_id)
-            requests.append(RolloutRequest(task=TaskSpec(suite=t.suite, task_id=t.task_id), group_size=size,
-                                           seed=t.run_seed, group_id=t.group_id))
-    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency) as engine:
-        replayed = {(r.trajectory.group_id, r.trajectory.sample): r.trajectory
-                    for r in await engine.run(requests)}
-    same_obs = same_reward = 0
-    differences = []
-    for t in recorded:
-        again = replayed.get((t.group_id, t.sample))
-        if again is None:
-            differences.append({"task": t.task_id, "sample": t.sample, "what": "not replayed"})
-            continue
-        obs_equal = (again.first_observation == t.first_observation
-                     and [s.observation for s in again.steps] == [s.observation for s in t.steps])
-        same_obs += obs_equal
-        same_reward += again.reward == t.reward
-        if not obs_equal or again.reward != t.reward:
-            differences.append({"task": t.task_id, "sample": t.sample, "observations_equal": obs_equal,
-                                "reward": [t.reward, again.reward], "status": [t.status, again.status]})
-    return {"trajectories": len(recorded), "identical_observations": same_obs, "identical_rewards": same_reward,
-            "differences": differences[:20]}

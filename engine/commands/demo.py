@@ -11,11 +11,11 @@ import time
 
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 
-from .bench.report import human_bytes, markdown_table
+from ..bench.report import human_bytes, markdown_table
 
 
 async def demo(size: int, clones: int, backend: str) -> int:
-    app = AppSpec(target="bunshin.envs.apps.heap:HeapApp", kwargs={"size_bytes": size})
+    app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": size})
     async with WorkspaceRuntime(backend=backend) as rt:
         print(f"run {rt.run_id}: backend {backend}, workspace heap {human_bytes(size)}")
         started = time.monotonic()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..records import ToolCall
-from ..suites.base import ActionError
+from ...records import ToolCall
+from ...suites.base import ActionError
 
 ARGS: dict[str, tuple[str, ...]] = {
     "click": ("element_id",),

@@ -9,9 +9,9 @@ import os
 import random
 from typing import Any
 
-from ..app import AppContext, Tool, WorkspaceApp
-from ..records import Observation
-from ..workers import WorkerApp, WorkerHandle
+from bunshin.envs.app import AppContext, Tool, WorkerApp, WorkspaceApp
+from bunshin.envs.records import Observation
+from bunshin.envs.runtime.workers import WorkerHandle
 
 
 class KVWorker(WorkerApp):
@@ -64,7 +64,7 @@ class KVApp(WorkspaceApp):
         self.journal = journal
 
     def setup(self, ctx: AppContext) -> None:
-        self.worker: WorkerHandle = ctx.spawn("bunshin.envs.apps.kv:KVWorker", journal=self.journal)
+        self.worker: WorkerHandle = ctx.spawn("tests.apps.kv:KVWorker", journal=self.journal)
 
     def tools(self) -> dict[str, Tool]:
         return {

@@ -1,0 +1,215 @@
+"""Agent commands: what a workspace runs on an agent's behalf, inside the host process's care.
+
+Owns: the workspace's agent PID namespace (made at the first command, one level below the hosts', with a tiny
+exec'd init as its PID 1), running ``/bin/sh -c`` as the unprivileged agent user (uid 65000, no_new_privs, its own
+cgroup that the fork freezes, the OOM killer's first pick), reading its output bounded in size and time, killing
+every agent process at once, and freezing them while the workspace forks or checkpoints.
+Must never: let a command inherit a descriptor of the host's, or keep running past its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from ..app import ToolError
+from ..records import Observation
+from . import image, rootfs, syscalls
+from .cgroups import AGENT_GROUP, freeze_by_fds, join_by_fds
+
+MAX_OUTPUT = 64 << 10
+AGENT_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": image.AGENT_HOME,
+    "USER": image.AGENT_USER,
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+}
+AGENT_OOM_SCORE_ADJ = 800
+
+
+class Agents:
+    """The agent processes of one workspace. ``private_fds()`` lists the host's descriptors a command must not
+    keep (asked at every command: the set changes as workers come and clones re-open)."""
+
+    def __init__(self, cgroup_fds: list[int], cgroup_rel: str, own_pidns_fd: int,
+                 private_fds: Callable[[], list[int]]):
+        self.cgroup_fds = cgroup_fds
+        self.group = f"{cgroup_rel}/{AGENT_GROUP}"
+        self.own_pidns_fd = own_pidns_fd  # the hosts' PID namespace, to come back to after spawning
+        self.private_fds = private_fds
+        self.init_pid: int | None = None
+        self.pidns_fd: int | None = None
+
+    # -- running ------------------------------------------------------------------------------------------------
+    def run(self, cmd: str, timeout_s: float) -> Observation:
+        """Run ``cmd`` with /bin/sh as the agent user in the workspace's PID namespace. A command still running
+        after ``timeout_s`` is killed, and every agent process with it."""
+        pidns_fd = self._ensure_namespace()
+        syscalls.setns(pidns_fd, syscalls.CLONE_NEWPID)
+        try:
+            private = self.private_fds()
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", cmd], cwd=image.AGENT_HOME, env=AGENT_ENV, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: _preexec(self.cgroup_fds, self.group, private),
+            )
+        finally:
+            syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
+        out, timed_out = _read_bounded(proc, timeout_s)
+        if timed_out:
+            self.kill_all()  # a timed-out command takes the whole agent namespace with it (its background jobs too)
+        proc.wait()
+        text = out.decode("utf-8", "replace")
+        if timed_out:
+            return Observation(output=text, exit_code=-signal.SIGKILL, error=f"command timed out after {timeout_s:g}s")
+        return Observation(output=text, exit_code=proc.returncode)
+
+    def _ensure_namespace(self) -> int:
+        if self.pidns_fd is not None:
+            return self.pidns_fd
+        syscalls.unshare(syscalls.CLONE_NEWPID)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _init(ready_w, self.cgroup_fds, self.group)
+        os.close(ready_w)
+        ok = os.read(ready_r, 1)
+        os.close(ready_r)
+        syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
+        if ok != b"1":
+            os.waitpid(pid, 0)
+            raise ToolError("could not start the workspace's agent PID namespace")
+        self.init_pid = pid
+        # Our own /proc view now is the agent namespace's: PID 1 there is the init we just made.
+        self.pidns_fd = os.open("/proc/1/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        return self.pidns_fd
+
+    def kill_all(self) -> None:
+        """SIGKILL the agent namespace's init, which takes every agent process with it.
+
+        The namespace is gone only once all its processes are reaped, and the commands themselves are our
+        children: so reap any child until the init is among them (waiting for the init alone would deadlock).
+        """
+        init, self.init_pid = self.init_pid, None
+        self.close_namespace_fd()
+        if init is None:
+            return
+        try:
+            os.kill(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                if os.waitpid(-1, 0)[0] == init:
+                    return
+            except ChildProcessError:
+                return
+
+    def close_namespace_fd(self) -> None:
+        if self.pidns_fd is not None:
+            os.close(self.pidns_fd)
+            self.pidns_fd = None
+
+    # -- around forks and checkpoints ----------------------------------------------------------------------------
+    def freeze(self) -> bool:
+        """Freeze the agents (background jobs must not write while the files are snapshotted); whether there
+        were any to freeze. Thaw with ``thaw()`` even when this raised: a freeze that timed out half-froze."""
+        if self.init_pid is None:
+            return False
+        freeze_by_fds(self.cgroup_fds, self.group, True)
+        return True
+
+    def thaw(self) -> None:
+        freeze_by_fds(self.cgroup_fds, self.group, False)
+
+    def become_clones(self, cgroup_rel: str) -> None:
+        """In a clone: the source's agent namespace is not ours; ours starts with the clone's first command."""
+        self.close_namespace_fd()
+        self.init_pid = None
+        self.group = f"{cgroup_rel}/{AGENT_GROUP}"
+
+
+def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bool]:
+    """The command's output up to MAX_OUTPUT bytes (the rest is read and dropped, so a chatty command neither
+    blocks nor fills the host's memory), and whether it timed out."""
+    if proc.stdout is None:
+        raise ValueError("the command was started without a pipe for its output")
+    deadline = time.monotonic() + timeout_s
+    kept = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.stdout.close()
+                return bytes(kept), True
+            if not sel.select(left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                proc.stdout.close()
+                return bytes(kept), False
+            if len(kept) < MAX_OUTPUT:
+                kept += chunk[: MAX_OUTPUT - len(kept)]
+
+
+def _preexec(cgroup_fds: list[int], agent_group: str, private: list[int]) -> None:
+    """In the agent command's child, before exec: join the agents' cgroup, make it the OOM killer's first pick,
+    close the host's private descriptors, then drop to the agent user for good (the score must be written while
+    we still own our /proc entry; the descriptors must be gone before anything runs as the agent)."""
+    join_by_fds(cgroup_fds, agent_group)
+    for fd in [*private, *cgroup_fds]:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(AGENT_OOM_SCORE_ADJ))
+    os.setgroups([])
+    os.setresgid(image.AGENT_GID, image.AGENT_GID, image.AGENT_GID)
+    os.setresuid(image.AGENT_UID, image.AGENT_UID, image.AGENT_UID)
+    syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
+
+
+# PID 1 of the agent namespace after its exec: reaps orphans until killed. Blocking SIGCHLD and waiting for it
+# with sigwait leaves no window in which a child could exit unnoticed.
+INIT_CODE = """
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigwait({signal.SIGCHLD})
+"""
+
+
+def _init(ready_w: int, cgroup_fds: list[int], agent_group: str) -> None:
+    """PID 1 of the agent namespace: mount its /proc, then exec a tiny reaper. Never returns.
+
+    It execs (rather than staying a fork of the host) so that it holds none of the application's memory: a
+    workspace's memory is then the host's alone, and the init costs well under 1 MiB.
+    """
+    try:
+        join_by_fds(cgroup_fds, agent_group)
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, 65536)
+        syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+        try:
+            syscalls.umount("/proc", syscalls.MNT_DETACH)
+        except OSError:
+            pass
+        rootfs.mount_proc()
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", INIT_CODE])
+    except BaseException:
+        os._exit(1)

@@ -1,0 +1,100 @@
+"""The live fork, source side (in the source workspace's host): a flat sequence of steps, each a named fault point,
+whose failure path undoes exactly what was done, so the source always runs on.
+
+Steps: freeze the agents; quiesce the application and its workers (``before_fork``: flush what they buffer); snapshot
+the writable layer (btrfs, constant time; read-only for a snapshot); have each worker fork itself (``worker.py``),
+keeping our end of each worker clone's socket; ``gc.freeze()`` (so the collector does not touch, and so copy,
+every object page in the clone); ``fork()``. The child forks once more and exits (``intermediate``), so the clone is
+orphaned onto the run's nursery and becomes itself in ``clone.py``. The parent thaws the agents and the collector,
+reaps the intermediate and answers ``Forked`` with the freeze window: how long it stopped serving.
+Must never: return with the agents frozen, the collector frozen, or a descriptor of the clone's open.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from ..channel import send_frame
+from ..layers import snapshot_at
+from ..protocol import CloneSpec, Failed, Forked, Reply, encoder
+from . import clone
+
+if TYPE_CHECKING:
+    from ..host import Host
+
+
+def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
+    """Fork ``host``'s workspace live into ``spec``; ``fds`` carries the clone's end of its engine socket."""
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        return Failed(kind="bad_request", message=f"fork needs exactly one descriptor, got {len(fds)}")
+    clone_fd = fds[0]
+    started = time.monotonic_ns()
+    worker_ends: list[socket.socket] = []
+    agents_frozen = gc_frozen = False
+    try:
+        agents_frozen = host.agents.init_pid is not None  # before the call: a freeze that times out is undone
+        host.agents.freeze()
+        host.app.before_fork(host.ctx)
+        for w in host.workers:
+            w.before_fork()
+        host.fault("fork.before_snapshot")
+        snapshot_at(host.pool_fd, host.layer_fd, spec.layer, readonly=spec.frozen)
+        host.fault("fork.after_snapshot")
+        for w in host.workers:  # each worker forks itself; its clone waits on the end we keep for ours
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            worker_ends.append(ours)
+            try:
+                w.fork(theirs.fileno())
+            finally:
+                theirs.close()
+        gc.freeze()
+        gc_frozen = True
+        host.fault("fork.before_fork")
+        pid = os.fork()
+    except BaseException:
+        os.close(clone_fd)
+        for end in worker_ends:
+            end.close()  # a worker clone still waiting sees EOF and exits
+        if gc_frozen:
+            gc.unfreeze()
+        if agents_frozen:
+            host.agents.thaw()
+        raise
+    if pid == 0:
+        intermediate(host, spec, clone_fd, worker_ends)  # returns only in the clone
+        raise clone.BecameClone
+    os.close(clone_fd)
+    for end in worker_ends:
+        end.close()
+    if agents_frozen:
+        host.agents.thaw()
+    gc.unfreeze()  # the source collects as before; only the clone keeps the heap out of the collector's way
+    _, status = os.waitpid(pid, 0)
+    frozen_for = time.monotonic_ns() - started
+    if status != 0:
+        return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
+    return Forked(freeze_ns=frozen_for)
+
+
+def intermediate(host: Host, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+    """Fork once more and exit, so the clone is orphaned onto the run's nursery (a child subreaper), not onto the
+    source. Returns only in the clone, once it is ready."""
+    try:
+        if os.fork() != 0:
+            os._exit(0)
+    except BaseException:
+        os._exit(70)
+    try:
+        clone.become(host, spec, clone_fd, worker_ends)
+    except BaseException as exc:
+        try:
+            send_frame(socket.socket(fileno=clone_fd),
+                       encoder.encode(Failed(kind="fork", message=f"clone setup failed: {exc!r}")))
+        finally:
+            os._exit(71)

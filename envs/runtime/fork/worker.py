@@ -1,0 +1,88 @@
+"""The live fork, worker side: a worker process forks itself with its workspace, and its clone moves into the
+clone workspace.
+
+When the source host forks, it first asks each worker to fork (``WorkerFork``, carrying the socket end the worker's
+clone will answer on). The worker forks twice (the clone is orphaned onto the run's nursery, like a host's clone);
+the clone waits on that socket until the clone's host has built its namespaces and sends ``WorkerAdopt`` with a
+pidfd of itself; the worker's clone then enters those namespaces (``setns(pidfd, NEWNS|NEWNET|NEWUTS|NEWIPC)``),
+joins the clone's cgroup, reseeds, re-opens its files, re-creates its sockets, runs ``after_fork`` and answers.
+Kernel parenthood cannot be rebuilt by ``fork()``: the clone host owns its worker clones logically (it alone holds
+their sockets; they die with the workspace's cgroup and with the nursery).
+Must never: keep a descriptor of the source workspace in a clone (the source host's socket above all).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from .. import syscalls
+from ..cgroups import join_by_fds
+from ..channel import recv_frame, send_frame
+from ..protocol import WorkerAdopt, WorkerReply, encoder, worker_message_decoder
+
+if TYPE_CHECKING:
+    from ..workers import Worker
+
+_NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
+
+
+class WorkerBecameClone(Exception):
+    """Raised in a worker's fresh clone to unwind the source worker's request handler back to its serve loop."""
+
+
+def fork(worker: Worker, clone_end: int) -> WorkerReply:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if os.fork() != 0:
+                os._exit(0)
+            become(worker, clone_end)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(71)
+        raise WorkerBecameClone
+    os.close(clone_end)
+    _, status = os.waitpid(pid, 0)
+    return WorkerReply(error=None if status == 0 else f"fork intermediate status {status:#x}")
+
+
+def become(worker: Worker, clone_end: int) -> None:
+    worker.sock.close()  # the source host's end: never ours again
+    worker.sock = socket.socket(fileno=clone_end)
+    os.setsid()
+    body, fds = recv_frame(worker.sock)  # waits until the clone's host has built its workspace
+    adopt = worker_message_decoder.decode(body)
+    if not isinstance(adopt, WorkerAdopt) or len(fds) != 1:
+        raise RuntimeError(f"a worker's clone expected WorkerAdopt with one pidfd, got {type(adopt).__name__} "
+                           f"with {len(fds)} descriptor(s)")
+    syscalls.setns(fds[0], _NAMESPACES)
+    os.close(fds[0])
+    os.chdir("/")
+    join_by_fds(worker.cgroup_fds, adopt.cgroup_rel)
+    die_with(adopt.reaper_pid)
+    worker.ctx.ws_id = adopt.ws_id
+    if adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
+        worker.ctx.suspend_after_fork()
+    else:
+        worker.ctx.reseed(adopt.seed)
+        worker.ctx.rebind_after_fork()
+        worker.app.after_fork(worker.ctx)
+    send_frame(worker.sock, encoder.encode(WorkerReply(value=os.getpid())))
+
+
+def die_with(reaper_pid: int) -> None:
+    """For a clone: get SIGKILL when the run's nursery dies. Only once re-parented onto it: death signals also
+    fire on re-parenting, so arming it while the fork's intermediate still lives would kill us."""
+    deadline = time.monotonic() + 5
+    while os.getppid() != reaper_pid:
+        if time.monotonic() > deadline:
+            os._exit(72)
+        time.sleep(0.0001)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != reaper_pid:
+        os._exit(73)

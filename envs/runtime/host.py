@@ -1,0 +1,249 @@
+"""The workspace host: the one process inside a workspace that owns its application state and answers the engine.
+
+Owns: building the workspace (cgroup, namespaces, root file system) at start, serving the engine's requests over
+its Unix socket one at a time, dispatching tool calls (the built-in ``shell`` to ``agents.py``, the rest to the
+application), and starting workers. The live fork's host side is ``fork/source.py`` and ``fork/clone.py``; the
+checkpoint and restore of the private-restore baseline are ``fork/checkpoint.py``. It runs single-threaded, which
+is what makes ``fork()`` safe.
+Must never: let an agent command inherit a descriptor of ours, run after the engine has died, or stop serving
+because of one bad request.
+
+Run as ``python -m bunshin.envs.runtime.host --channel FD --pool FD --cgroups FD[,FD...]``; the first frame on
+the channel is a HostConfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from ..app import AppContext, ToolError, WorkspaceApp
+from ..records import Observation
+from ..seeds import derive_seed
+from . import namespaces, rootfs, syscalls, workers
+from .agents import Agents
+from .cgroups import join_by_fds
+from .channel import ChannelClosed, recv_frame, send_frame
+from .fork import checkpoint, clone, source
+from .protocol import (Checkpoint, Close, Closed, Execute, Executed, Failed, Fork, HostConfig, Ping, Pong, Ready,
+                       Reply, Request, config_decoder, encoder, request_decoder)
+
+HOST_OOM_SCORE_ADJ = -500  # the OOM killer takes an agent's memory hog before the host
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class Host:
+    def __init__(self, sock: socket.socket, pool_fd: int, cgroup_fds: list[int], config: HostConfig):
+        self.sock = sock
+        self.pool_path_fd = pool_fd  # O_PATH, keeps the detached pool mount alive
+        self.pool_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd)
+        self.cgroup_fds = cgroup_fds
+        self.config = config
+        self.ws_id = config.ws_id
+        self.frozen = False
+        self.state_version = 0
+        self.own_pidns_fd = namespaces.open_ns("pid")  # the engine's PID namespace, shared by every host
+        self.layer_fd = -1
+        app_cls = workers.load(config.app.target)
+        if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
+            raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
+        self.app: WorkspaceApp = app_cls(**config.app.kwargs)
+        self.agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds)
+        self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
+                              run_agent=self.agents.run, spawner=self.spawn_worker)
+        self.workers: list[workers.WorkerHandle] = []
+
+    # -- faults (named steps a test can make fail) ------------------------------------------------------------
+    def fault(self, name: str) -> None:
+        """A named step tests can break: ``name`` raises, ``name:exit`` exits, ``name:hang`` never returns."""
+        faults = self.config.faults
+        if name in faults:
+            raise InjectedFault(f"injected fault at {name}")
+        if f"{name}:exit" in faults:
+            os._exit(66)
+        if f"{name}:hang" in faults:
+            while True:
+                time.sleep(3600)
+
+    # -- start ------------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Join the cgroup, enter fresh namespaces, assemble the root and pivot into it; then set up the app."""
+        start = time.monotonic()
+        cfg = self.config
+        join_by_fds(self.cgroup_fds, cfg.cgroup_rel)
+        try:  # lowering needs CAP_SYS_RESOURCE, which some sandboxes drop; agents are raised regardless
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(HOST_OOM_SCORE_ADJ))
+        except PermissionError:
+            pass
+        namespaces.enter_new_workspace_namespaces(cfg.hostname)
+        os.fchdir(self.pool_fd)
+        self.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
+        rootfs.assemble_and_pivot(target=cfg.mount_target, lower=cfg.lower, layer=cfg.layer, frozen=False,
+                                  image_binds=cfg.image_binds, runtime_binds=cfg.runtime_binds)
+        namespaces.loopback_up()
+        if cfg.restore_from is not None:
+            checkpoint.restore_app(self, cfg.restore_from)
+        else:
+            self.app.setup(self.ctx)
+        self.fault("start.after_setup")
+        self.reply(Ready(ws_id=self.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
+
+    # -- serving ----------------------------------------------------------------------------------------------
+    def reply(self, message: Reply) -> None:
+        send_frame(self.sock, encoder.encode(message))
+
+    def serve(self) -> None:
+        while True:
+            try:
+                body, fds = recv_frame(self.sock)
+            except ChannelClosed:
+                self.shutdown()
+                return
+            try:
+                request = request_decoder.decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                for fd in fds:
+                    os.close(fd)
+                self.reply(Failed(kind="bad_request", message=f"cannot decode request: {exc}"))
+                continue
+            try:
+                reply = self.handle(request, fds)
+            except clone.BecameClone:
+                continue  # this process is now the clone; it already announced itself on its own channel
+            except InjectedFault as exc:
+                reply = Failed(kind="fault", message=str(exc))
+            except Exception as exc:  # one bad request never stops the host
+                traceback.print_exc()
+                reply = Failed(kind="internal", message=f"{type(exc).__name__}: {exc}")
+            self.reply(reply)
+            if isinstance(request, Close):
+                return
+
+    def handle(self, request: Request, fds: list[int]) -> Reply:
+        if not isinstance(request, Fork):
+            for fd in fds:
+                os.close(fd)
+        match request:
+            case Execute(call=call, timeout_s=timeout_s):
+                if self.frozen:
+                    return Failed(kind="bad_request", message=f"{self.ws_id} is a snapshot: it runs no tools")
+                return Executed(observation=self.execute(call.name, call.args, timeout_s))
+            case Fork(clone=spec):
+                return source.fork(self, spec, fds)
+            case Checkpoint(path=path, layer=layer):
+                return checkpoint.write(self, path, layer)
+            case Ping():
+                return Pong(pid=os.getpid(), state_version=self.state_version)
+            case Close():
+                self.shutdown()
+                return Closed()
+        return Failed(kind="bad_request", message=f"unhandled request {type(request).__name__}")
+
+    # -- tools ------------------------------------------------------------------------------------------------
+    def execute(self, name: str, args: dict[str, Any], timeout_s: float) -> Observation:
+        started = time.monotonic()
+        self.state_version += 1
+        try:
+            if name == "shell":
+                obs = self._shell(args, timeout_s)
+            else:
+                tools = self.app.tools()
+                if name not in tools:
+                    raise ToolError(f"unknown tool {name!r} (available: {sorted(['shell', *tools])})")
+                obs = tools[name](args)
+        except ToolError as exc:
+            obs = Observation(error=str(exc))
+        except Exception as exc:
+            obs = Observation(error=f"tool {name!r} failed: {type(exc).__name__}: {exc}")
+        return msgspec.structs.replace(obs, tool_seconds=time.monotonic() - started)
+
+    def _shell(self, args: dict[str, Any], timeout_s: float) -> Observation:
+        """The built-in ``shell`` tool: {"cmd": str, "timeout_s"?: number}; the call's timeout is the ceiling."""
+        cmd = args.get("cmd")
+        if not isinstance(cmd, str):
+            raise ToolError("shell needs a string argument 'cmd'")
+        unknown = set(args) - {"cmd", "timeout_s"}
+        if unknown:
+            raise ToolError(f"shell got unknown arguments {sorted(unknown)}")
+        asked = args.get("timeout_s", timeout_s)
+        if isinstance(asked, bool) or not isinstance(asked, int | float) or not 0 < asked < math.inf:
+            raise ToolError(f"shell timeout_s must be a positive number, got {asked!r}")
+        return self.agents.run(cmd, min(float(asked), timeout_s))
+
+    # -- workers ------------------------------------------------------------------------------------------------
+    def spawn_worker(self, target: str, kwargs: dict[str, Any]) -> workers.WorkerHandle:
+        index = len(self.workers)
+        handle = workers.spawn(
+            target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
+            close_in_child=[self.sock.close, *(w.close for w in self.workers), self.agents.close_namespace_fd,
+                            *(f.close for f in self.ctx.files), *(s.close for s in self.ctx.sockets),
+                            *(lambda fd=fd: os.close(fd) for fd in self.private_fds())],
+        )
+        self.workers.append(handle)
+        return handle
+
+    def private_fds(self) -> list[int]:
+        """Descriptors of the host's that nothing it starts may keep: the pool, its layer, its PID namespace."""
+        return [fd for fd in (self.pool_fd, self.pool_path_fd, self.layer_fd, self.own_pidns_fd) if fd >= 0]
+
+    def _agent_private_fds(self) -> list[int]:
+        return [self.sock.fileno(), *self.private_fds(), *(w.sock.fileno() for w in self.workers)]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            w.close()  # a worker exits when its socket closes
+        for w in self.workers:
+            try:
+                os.waitpid(w.pid, 0)  # ours if we spawned it; a clone's adopted workers are the engine's
+            except ChildProcessError:
+                pass
+        self.agents.kill_all()
+        try:
+            self.app.close()
+        except Exception:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.host")
+    parser.add_argument("--channel", type=int, required=True)
+    parser.add_argument("--pool", type=int, required=True)
+    parser.add_argument("--cgroups", required=True)
+    args = parser.parse_args(argv)
+    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    sock = socket.socket(fileno=args.channel)
+    sock.setblocking(True)
+    body, _ = recv_frame(sock)
+    config = config_decoder.decode(body)
+    if os.getppid() != config.reaper_pid:
+        return 73
+    cgroup_fds = [int(x) for x in args.cgroups.split(",") if x]
+    try:
+        host = Host(sock, args.pool, cgroup_fds, config)
+        host.build()
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            send_frame(sock, encoder.encode(Failed(kind="start", message=f"{type(exc).__name__}: {exc}")))
+        finally:
+            os._exit(74)
+    host.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Host lifecycle: the small surface through which workspaces and fork backends start, watch and remove hosts.
+
+Owns: naming workspaces, making and removing a workspace's cgroup, layer and mount point, spawning a first host
+through the nursery and handing it its configuration, waiting for a host's Ready (a first host, a clone, a
+restore), registering live workspaces, stopping a host that overran a deadline, and discarding a workspace whose
+host stopped serving. It implements ``WorkspaceServices`` for every ``Workspace`` of the run; fork backends are
+given a ``Hosts`` and nothing else of the run.
+Must never: leave a half-started host, cgroup, layer or mount point behind when a start fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import StartTimeout, WorkspaceStartFailed
+from ..records import AppSpec, Limits
+from ..seeds import derive_seed
+from ..workspace import Workspace
+from . import await_points
+from .cgroups import AGENT_GROUP, Cgroup
+from .channel import ChannelClosed, async_recv_frame, async_send_frame
+from .image import PreparedImage
+from .layers import LayerStore
+from .nursery import Nursery
+from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
+
+if TYPE_CHECKING:
+    from .fork.backends import ForkBackend
+
+
+@dataclass
+class RunResources:
+    """What a run made at its start and every host of it uses (see ``WorkspaceRuntime.start``)."""
+
+    run_dir: Path
+    seed: int
+    limits: Limits
+    faults: list[str]
+    start_timeout_s: float
+    nursery: Nursery
+    cgroup: Cgroup
+    layers: LayerStore
+    image: PreparedImage
+    runtime_binds: list[str]
+    pool_fd: int
+    cgroup_fds: list[int]
+
+
+class Hosts:
+    """The hosts of one run. ``backend`` is set by the runtime once it has made the fork backend."""
+
+    def __init__(self, run: RunResources, make_backend: Callable[[Hosts], ForkBackend]):
+        self.run = run
+        self.limits = run.limits
+        self.layers = run.layers
+        self.pool_fd = run.pool_fd
+        self.workspaces: dict[str, Workspace] = {}
+        self.backend = make_backend(self)
+        self._counter = 0
+        self._discarding: set[asyncio.Future[None]] = set()
+
+    # -- naming and remains ---------------------------------------------------------------------------------------
+    def new_id(self) -> str:
+        self._counter += 1
+        return f"{self._counter:04d}{secrets.token_hex(2)}"
+
+    def new_cgroup(self, ws_id: str) -> Cgroup:
+        """The workspace's cgroup, with the agents' subgroup and the run's limits (hierarchical: they cover the
+        agents too). Blocking: call it in a thread."""
+        group = self.run.cgroup.child(f"ws-{ws_id}").create()
+        group.child(AGENT_GROUP).create()
+        group.set_limits(self.limits.memory_bytes, self.limits.pids)
+        return group
+
+    def remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
+        """Remove a workspace's cgroup, layer and mount point; each is tried even if another fails. Blocking."""
+        try:
+            group.remove()
+        finally:
+            try:
+                self.layers.delete(layer)
+            finally:
+                shutil.rmtree(self.run.run_dir / "roots" / ws_id, ignore_errors=True)
+
+    def host_log(self, ws_id: str) -> str:
+        try:
+            text = (self.run.run_dir / f"host-{ws_id}.log").read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return ""
+        return f"\n--- host log ---\n{text[-4000:]}" if text else ""
+
+    def register(self, ws: Workspace) -> None:
+        self.workspaces[ws.id] = ws
+
+    # -- starting ------------------------------------------------------------------------------------------------
+    async def start(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
+                    restore_from: str | None = None, parent: str | None = None, generation: int = 0,
+                    cls: type[Workspace] = Workspace) -> Workspace:
+        """Spawn a host on an existing layer and wait until it is ready; on any failure (cancellation too) undo
+        the cgroup, the layer, the mount point and the process."""
+        target = self.run.run_dir / "roots" / ws_id
+        making = asyncio.ensure_future(asyncio.to_thread(self._make_group_and_root, ws_id, target))
+        try:
+            group = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            group = await making  # the thread runs on regardless; undo once it is done
+            await asyncio.to_thread(self.remove_remains, group, layer, ws_id)
+            raise
+        seed = derive_seed(self.run.seed, ws_id) if seed is None else seed
+        engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        run = self.run
+        config = HostConfig(
+            ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=run.image.lower,
+            image_binds=[b.path for b in run.image.binds], runtime_binds=run.runtime_binds,
+            mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=run.nursery.pid,
+            restore_from=restore_from, faults=run.faults,
+        )
+        pid: int | None = None
+        try:
+            await await_points.reached("hosts.start.spawn")
+            pid = await run.nursery.spawn(
+                [sys.executable, "-m", "bunshin.envs.runtime.host", "--channel", "{0}", "--pool", "{1}",
+                 "--cgroups", ",".join(f"{{{i + 2}}}" for i in range(len(run.cgroup_fds)))],
+                fds=[host_end.fileno(), run.pool_fd, *run.cgroup_fds],
+                log_path=str(run.run_dir / f"host-{ws_id}.log"), cwd=str(run.run_dir))
+            host_end.close()
+            engine_end.setblocking(False)
+            await async_send_frame(engine_end, encoder.encode(config))
+            pid = await self.await_ready(ws_id, engine_end)
+            ws = cls(self, ws_id, pid=pid, sock=engine_end, cgroup=group, layer=layer, seed=seed, app=app,
+                     parent=parent, generation=generation)
+        except BaseException as exc:
+            host_end.close()
+            engine_end.close()
+            await asyncio.shield(self._abandon_start(pid, group, layer, ws_id))
+            if isinstance(exc, Exception) and not isinstance(exc, WorkspaceStartFailed):
+                raise WorkspaceStartFailed(ws_id, f"{type(exc).__name__}: {exc}{self.host_log(ws_id)}") from exc
+            raise
+        self.register(ws)
+        return ws
+
+    def _make_group_and_root(self, ws_id: str, target: Path) -> Cgroup:
+        group = self.new_cgroup(ws_id)
+        target.mkdir(parents=True)
+        return group
+
+    async def await_ready(self, ws_id: str, sock: socket.socket) -> int:
+        """Wait for a host's Ready on ``sock``: its pid. A Failed reply or a closed channel raises
+        WorkspaceStartFailed, no reply within the start timeout StartTimeout."""
+        timeout = self.run.start_timeout_s
+        try:
+            await await_points.reached("hosts.await_ready")
+            async with asyncio.timeout(timeout):
+                reply = reply_decoder.decode(await async_recv_frame(sock))
+        except ChannelClosed as exc:
+            raise WorkspaceStartFailed(ws_id, f"host exited before it was ready{self.host_log(ws_id)}") from exc
+        except TimeoutError as exc:
+            raise StartTimeout(ws_id, f"host not ready after {timeout:g}s") from exc
+        if isinstance(reply, Failed):
+            raise WorkspaceStartFailed(ws_id, f"{reply.kind}: {reply.message}{self.host_log(ws_id)}")
+        if not isinstance(reply, Ready) or reply.ws_id != ws_id:
+            raise WorkspaceStartFailed(ws_id, f"unexpected first reply {reply!r}")
+        return reply.pid
+
+    async def _abandon_start(self, pid: int | None, group: Cgroup, layer: str, ws_id: str) -> None:
+        if pid is not None:
+            self._kill_if_running(pid)
+            await self.run.nursery.wait_exit(pid, timeout=5.0)
+            self.run.nursery.forget(pid)
+        await asyncio.to_thread(self.remove_remains, group, layer, ws_id)
+
+    # -- WorkspaceServices ---------------------------------------------------------------------------------------
+    async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+        return await self.backend.fork(source, seed=seed, frozen=frozen)
+
+    async def wait_exit(self, pid: int, timeout: float) -> int | None:
+        return await self.run.nursery.wait_exit(pid, timeout=timeout)
+
+    def stop(self, ws: Workspace) -> None:
+        self._kill_if_running(ws.pid)
+
+    async def discard(self, ws: Workspace) -> None:
+        """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer. The runtime's
+        close waits for discards still running (a cancelled ``Workspace.close`` leaves one behind)."""
+        self.workspaces.pop(ws.id, None)
+        task = asyncio.ensure_future(self._discard(ws))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
+        await asyncio.shield(task)
+
+    async def _discard(self, ws: Workspace) -> None:
+        await asyncio.to_thread(ws.cgroup.kill_all)
+        self._kill_if_running(ws.pid)
+        await self.run.nursery.wait_exit(ws.pid, timeout=10.0)
+        self.run.nursery.forget(ws.pid)
+        await asyncio.to_thread(self.remove_remains, ws.cgroup, ws.layer, ws.id)
+
+    async def wait_discards(self) -> None:
+        """Until every discard started so far has finished (their failures are theirs: reported by the caller)."""
+        while self._discarding:
+            await asyncio.gather(*list(self._discarding), return_exceptions=True)
+
+    def _kill_if_running(self, pid: int) -> None:
+        """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""
+        if self.run.nursery.exited(pid):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,192 @@
+"""The runtime's wire protocols: engine <-> workspace host, engine <-> nursery, and host <-> worker, framed as
+MessagePack over Unix sockets (``channel.py``).
+
+Owns: these msgspec Structs (tagged unions, handled with ``match``) and their encoder and decoders, built once.
+Must never: do I/O, or be imported by code outside ``bunshin.envs.runtime`` (the public records are
+``bunshin.envs.records``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..records import AppSpec, Observation, ToolCall
+
+# -- engine -> host ------------------------------------------------------------------------------
+
+
+class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
+    """First frame to a freshly spawned host: everything it needs to build its workspace."""
+
+    ws_id: str
+    hostname: str
+    seed: int
+    layer: str  # name of its writable layer in the pool
+    lower: str  # image directory, relative to the pool
+    image_binds: list[str]  # host paths bind-mounted read-only at the same path (the default image's /usr)
+    runtime_binds: list[str]  # the host interpreter's paths: hidden below RUNTIME_DIR, reached by symlinks
+    mount_target: str  # empty directory (host path) where the root is assembled before pivot_root
+    cgroup_rel: str  # the workspace's cgroup below each hierarchy fd
+    app: AppSpec
+    reaper_pid: int  # the run's nursery: clones are orphaned onto it, and die when it dies
+    restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
+    faults: list[str] = []
+
+
+class Execute(msgspec.Struct, frozen=True, kw_only=True, tag="execute"):
+    call: ToolCall
+    timeout_s: float = 60.0
+
+
+class CloneSpec(msgspec.Struct, frozen=True, kw_only=True):
+    ws_id: str
+    hostname: str
+    seed: int
+    layer: str
+    cgroup_rel: str
+    frozen: bool = False  # a snapshot: read-only root, does not run tools, can be forked again
+
+
+class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):
+    """Fork the workspace live. Carries one file descriptor: the clone's end of its new socket."""
+
+    clone: CloneSpec
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, tag="checkpoint"):
+    path: str  # relative to the pool
+    layer: str  # read-only snapshot of the files, taken at the same instant
+
+
+class Ping(msgspec.Struct, frozen=True, tag="ping"):
+    pass
+
+
+class Close(msgspec.Struct, frozen=True, tag="close"):
+    pass
+
+
+Request = Execute | Fork | Checkpoint | Ping | Close
+
+
+# -- host protocol: host -> engine ------------------------------------------------------------------------------
+
+
+class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
+    ws_id: str
+    pid: int
+    setup_s: float
+
+
+class Executed(msgspec.Struct, frozen=True, kw_only=True, tag="executed"):
+    observation: Observation
+
+
+class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
+    freeze_ns: int  # how long the source stopped serving, measured inside the source
+
+
+class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):
+    bytes_written: int
+    freeze_ns: int
+
+
+class Pong(msgspec.Struct, frozen=True, kw_only=True, tag="pong"):
+    pid: int
+    state_version: int
+
+
+class Closed(msgspec.Struct, frozen=True, tag="closed"):
+    pass
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
+    """The request was refused or failed; the host keeps serving. ``kind`` names the class of failure."""
+
+    kind: str  # "bad_request" | "fork" | "checkpoint" | "tool" | "internal"
+    message: str
+
+
+# -- nursery protocol: engine <-> the run's reaper process ---------------------------------------------------------
+
+
+class NurserySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
+    """Start a process; the frame's descriptors are passed to it, named ``{0}``, ``{1}``... in ``argv``."""
+
+    argv: list[str]
+    log_path: str
+    cwd: str
+
+
+class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
+    pid: int
+
+
+class NurseryFailed(msgspec.Struct, frozen=True, kw_only=True, tag="spawn_failed"):
+    message: str
+
+
+class NurseryExited(msgspec.Struct, frozen=True, kw_only=True, tag="exited"):
+    """Unsolicited: a process of the run exited (waitpid status)."""
+
+    pid: int
+    status: int
+
+
+Reply = Ready | Executed | Forked | Checkpointed | Pong | Closed | Failed
+
+
+
+# -- host <-> its workers ------------------------------------------------------------------------------------------
+
+
+class WorkerCall(msgspec.Struct, frozen=True, tag="call"):
+    method: str
+    args: dict[str, Any] = {}
+
+
+class WorkerBeforeFork(msgspec.Struct, frozen=True, tag="before_fork"):
+    pass
+
+
+class WorkerFork(msgspec.Struct, frozen=True, tag="fork"):
+    """Carries one descriptor: the socket end the worker's clone will answer on."""
+
+
+class WorkerAdopt(msgspec.Struct, frozen=True, kw_only=True, tag="adopt"):
+    """To a worker's clone, from the clone's host; carries a pidfd of that host."""
+
+    ws_id: str
+    seed: int
+    cgroup_rel: str
+    reaper_pid: int
+    frozen: bool = False
+
+
+class WorkerCheckpoint(msgspec.Struct, frozen=True, tag="checkpoint"):
+    """For the private-restore backend: quiesce (``before_fork``) and answer ``WorkerApp.checkpoint()``."""
+
+
+class WorkerRestore(msgspec.Struct, frozen=True, tag="restore"):
+    """To a worker freshly spawned by a restoring host: ``WorkerApp.restore(ctx, data)``."""
+
+    data: bytes
+
+
+class WorkerReply(msgspec.Struct, frozen=True, kw_only=True, tag="reply"):
+    value: Any = None
+    error: str | None = None
+
+
+WorkerMessage = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt | WorkerCheckpoint | WorkerRestore
+
+
+encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(Request)
+config_decoder = msgspec.msgpack.Decoder(HostConfig)
+reply_decoder = msgspec.msgpack.Decoder(Reply)
+nursery_decoder = msgspec.msgpack.Decoder(NurserySpawn | NurserySpawned | NurseryFailed | NurseryExited)
+worker_message_decoder = msgspec.msgpack.Decoder(WorkerMessage)
+worker_reply_decoder = msgspec.msgpack.Decoder(WorkerReply)

@@ -1,0 +1,168 @@
+"""A run's workspaces: the state directory, the layer pool, the parent cgroup, the base image, the nursery.
+
+Owns: starting and stopping a run (including the clean-up of runs whose engine died), creating first
+workspaces, and the per-run memory figure. Everything about individual hosts (starting, watching, removing) is
+``Hosts``'s; forks are the backend's (``fork/``).
+Must never: leave a process, mount, cgroup or layer behind when ``close()`` returns, cancelled or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import HostUnsupported
+from ..records import AppSpec, Limits, MemoryStats
+from ..workspace import Workspace
+from .cgroups import Cgroup, CgroupLayout
+from .cleanup import engine_record, register, remove_stale_runs, unregister
+from .fork.backends import check_backend, make_backend
+from .hosts import Hosts, RunResources
+from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
+from .layers import LayerStore
+from .memory import processes_memory
+from .nursery import Nursery
+
+DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
+START_TIMEOUT_S = 60.0
+
+
+class WorkspaceRuntime:
+    """Async context manager: ``async with WorkspaceRuntime(backend="cow") as rt: ws = await rt.create(app)``."""
+
+    def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
+                 seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
+        engine starting many at once on few cores raises it."""
+        self.backend_name = check_backend(backend)
+        self.image_source = Path(image) if image else None
+        self.limits = limits or Limits()
+        self.seed = seed
+        self.state_dir = Path(state_dir or DEFAULT_STATE_DIR)
+        self.faults = list(faults or [])
+        self.start_timeout_s = start_timeout_s
+        self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+        self.run_dir = self.state_dir / "runs" / self.run_id
+        self.hosts: Hosts | None = None
+        self._started = False
+
+    @property
+    def workspaces(self) -> dict[str, Workspace]:
+        """Every live workspace of the run, by id."""
+        return self.hosts.workspaces if self.hosts is not None else {}
+
+    # -- run lifecycle -----------------------------------------------------------------------------------------
+    async def __aenter__(self) -> WorkspaceRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if os.geteuid() != 0:
+            raise HostUnsupported("the workspace runtime needs root (namespaces, mounts, cgroups)")
+        await asyncio.to_thread(remove_stale_runs, self.state_dir)
+        # The run directory appears with its engine.json already inside, so a second engine starting at the same
+        # moment never sees it half-made (and so dead).
+        staging = self.run_dir.with_name(f".{self.run_id}")
+        staging.mkdir(parents=True)
+        record = engine_record(self.run_id, os.getpid())
+        (staging / "engine.json").write_text(record)
+        register(self.run_id, record)
+        staging.rename(self.run_dir)
+        self._started = True
+        try:
+            self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))
+            await self.nursery.start()
+            self.layout = CgroupLayout.detect()
+            self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create(delegate=True)
+            self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
+            self.image = await asyncio.to_thread(self._prepare_image)
+            self.pool_fd = self.layers.open_detached()
+            self.cgroup_fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) for d in self.cgroup.dirs()]
+            run = RunResources(run_dir=self.run_dir, seed=self.seed, limits=self.limits, faults=self.faults,
+                               start_timeout_s=self.start_timeout_s, nursery=self.nursery, cgroup=self.cgroup,
+                               layers=self.layers, image=self.image, runtime_binds=runtime_paths(),
+                               pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds)
+            self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
+        except BaseException:
+            await self.close()
+            raise
+
+    def _prepare_image(self) -> PreparedImage:
+        root = self.layers.root
+        if self.image_source is None:
+            return build_default_image(root)
+        if self.image_source.is_dir():
+            return place_directory(root, self.image_source)
+        return place_tarball(root, self.image_source)
+
+    async def close(self) -> None:
+        """Close every workspace, then remove the run's cgroup, pool and directory. Finishes under cancellation."""
+        if not self._started:
+            return
+        self._started = False
+        await asyncio.shield(self._teardown())
+
+    async def _teardown(self) -> None:
+        """Every step runs even when an earlier one failed; the first failure is raised at the end."""
+        errors: list[BaseException] = []
+
+        async def step(coro: Any) -> None:
+            try:
+                await coro
+            except Exception as exc:
+                errors.append(exc)
+
+        if self.hosts is not None:
+            for ws in list(self.hosts.workspaces.values()):
+                await step(ws.close())
+            await step(self.hosts.wait_discards())
+        if hasattr(self, "nursery"):
+            await step(self.nursery.close())
+        for fd in getattr(self, "cgroup_fds", []):
+            os.close(fd)
+        if hasattr(self, "pool_fd"):
+            os.close(self.pool_fd)
+        if hasattr(self, "cgroup"):
+            await step(asyncio.to_thread(self.cgroup.remove))
+        if hasattr(self, "layers"):
+            await step(asyncio.to_thread(self.layers.destroy_pool))
+        await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
+        unregister(self.run_id)
+        if errors:
+            raise errors[0]
+
+    # -- workspaces -----------------------------------------------------------------------------------------------
+    def _hosts(self) -> Hosts:
+        if self.hosts is None:
+            raise RuntimeError("the runtime is not started (use `async with WorkspaceRuntime(...)` or start())")
+        return self.hosts
+
+    async def create(self, app: AppSpec | None = None, *, seed: int | None = None,
+                     hostname: str | None = None) -> Workspace:
+        """Build a new workspace from the image and start its application."""
+        hosts = self._hosts()
+        ws_id = hosts.new_id()
+        layer = f"ws-{ws_id}"
+        making = asyncio.ensure_future(asyncio.to_thread(self.layers.create, layer))
+        try:
+            await asyncio.shield(making)
+        except asyncio.CancelledError:
+            await making  # the thread runs on regardless; undo only once it is done
+            await asyncio.to_thread(self.layers.delete, layer)
+            raise
+        return await hosts.start(ws_id, layer, app or AppSpec(), seed=seed, hostname=hostname)
+
+    def memory(self) -> MemoryStats:
+        """Every workspace of the run together (PSS summed over all their processes)."""
+        if not hasattr(self, "cgroup"):
+            return MemoryStats()
+        return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
