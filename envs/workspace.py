@@ -26,8 +26,20 @@ from .runtime import await_points
 from .runtime.cgroups import Cgroup
 from .runtime.channel import ChannelClosed, async_recv_frame, async_send_frame
 from .runtime.memory import processes_memory
-from .runtime.protocol import (Checkpoint, Checkpointed, Close, Execute, Executed, Failed, Ping, Pong, Reply,
-                               Request, encoder, reply_decoder)
+from .runtime.protocol import (
+    Checkpoint,
+    Checkpointed,
+    Close,
+    Execute,
+    Executed,
+    Failed,
+    Ping,
+    Pong,
+    Reply,
+    Request,
+    encoder,
+    reply_decoder,
+)
 
 CLOSE_GRACE_S = 5.0  # how long a host may take to say goodbye before it is killed anyway
 

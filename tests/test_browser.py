@@ -13,19 +13,19 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import numpy as np
 from PIL import Image
 
+from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.base import ActionError
+from bunshin.envs.webshop import html as pages
 from bunshin.envs.webshop.browser import dom
 from bunshin.envs.webshop.browser.actions import format_action, parse_action, validate_call
 from bunshin.envs.webshop.browser.browser import Browser, BrowserError
 from bunshin.envs.webshop.browser.dom import SelectorError, form_fields, outer_text, parse_html
-from bunshin.envs.records import ToolCall
-from bunshin.envs.suites.base import ActionError
-from bunshin.envs.webshop import html as pages
 from bunshin.envs.webshop.catalog import generate_products
 
 PRODUCTS = generate_products(30, 0)

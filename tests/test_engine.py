@@ -16,8 +16,17 @@ from hypothesis import strategies as st
 
 from bunshin.engine.commands.eval_command import summarize
 from bunshin.engine.commands.replay_command import run_replay
-from bunshin.engine.records import (RolloutRequest, Status, Step, StepObservation, TaskSpec, Trajectory,
-                                    canonical, read_jsonl, write_jsonl)
+from bunshin.engine.records import (
+    RolloutRequest,
+    Status,
+    Step,
+    StepObservation,
+    TaskSpec,
+    Trajectory,
+    canonical,
+    read_jsonl,
+    write_jsonl,
+)
 from bunshin.engine.rollout import RolloutEngine
 from bunshin.envs import Observation, ToolCall
 from bunshin.envs.webshop import tasks as generator

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from bunshin.envs import ToolCall, WorkspaceRuntime
-from bunshin.envs.webshop.browser.browser import Browser
 from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.suites.base import play
 from bunshin.envs.webshop import tasks as generator
+from bunshin.envs.webshop.browser.browser import Browser
 from bunshin.envs.webshop.suite import WebShopSuite
 
 from .test_browser import Shop, do, find_id, product_url, server  # noqa: F401 (server: the test site fixture)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bunshin.envs import Limits, WorkspaceRuntime
-from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.records import ToolCall
+from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
 

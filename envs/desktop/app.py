@@ -62,8 +62,8 @@ import time
 from typing import Any
 
 from ..app import AppContext, HugeHeap, Tool, ToolError, WorkspaceApp
-from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 from ..records import Observation
+from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 from . import home
 from .editor import Buffer
 from .render import Compositor, Window, font

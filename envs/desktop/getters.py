@@ -22,6 +22,7 @@ from typing import Any
 
 from ..records import Observation, ToolCall
 from ..suites import osworld as ow
+from ..suites.base import SuiteStepFailed
 from ..workspace import Workspace
 
 EDITOR_PROGRAMS, SHEET_PROGRAMS, TERMINAL_PROGRAMS = ow.EDITOR_PROGRAMS, ow.SHEET_PROGRAMS, ow.TERMINAL_PROGRAMS
@@ -29,7 +30,7 @@ SHEET_SUFFIXES = (".csv",)
 log = logging.getLogger(__name__)
 
 
-class SetupError(RuntimeError):
+class SetupError(SuiteStepFailed):
     """A task's setup step failed in the workspace (the task file or the desktop is wrong, not the agent)."""
 
 

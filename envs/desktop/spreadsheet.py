@@ -17,17 +17,19 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Union
 
+from ..errors import EnvsError
+
 MAX_ROWS = 1_000_000
 MAX_COLS = 18_278  # ZZZ
 
 CELL_RE = re.compile(r"^\$?([A-Za-z]{1,3})\$?([0-9]{1,7})$")
 
 
-class CellError(ValueError):
+class CellError(EnvsError, ValueError):
     """A cell name that is not one (``B0``, ``1A``, ``A-1``)."""
 
 
-class FormulaError(ValueError):
+class FormulaError(EnvsError, ValueError):
     """A formula that does not parse."""
 
 

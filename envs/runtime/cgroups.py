@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HostUnsupported
+
 CONTROLLERS = ("memory", "pids", "freezer")
 
 
@@ -65,7 +67,7 @@ class CgroupLayout:
         return dict(self.roots)
 
 
-class CgroupUnavailable(RuntimeError):
+class CgroupUnavailable(HostUnsupported):
     pass
 
 

@@ -12,16 +12,18 @@ import asyncio
 import socket
 import struct
 
+from ..errors import EnvsError
+
 MAX_FRAME = 256 << 20
 MAX_FDS = 16  # descriptors one frame may carry
 _HEADER = struct.Struct(">I")
 
 
-class ChannelClosed(ConnectionError):
+class ChannelClosed(EnvsError, ConnectionError):
     """The other end went away (EOF or reset)."""
 
 
-class FrameTooLarge(ValueError):
+class FrameTooLarge(EnvsError, ValueError):
     pass
 
 

@@ -12,6 +12,8 @@ import struct
 import zlib
 from collections.abc import Iterable
 
+from ..errors import EnvsError
+
 MAGIC = b"BUNSHCKP"
 VERSION = 1
 _HEADER = struct.Struct("<8sIQ")  # magic, version, payload length
@@ -19,7 +21,7 @@ _TRAILER = struct.Struct("<I")  # crc32 of the payload
 _CHUNK = 8 << 20
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(EnvsError, ValueError):
     pass
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from ..app import AppContext, ToolError, WorkspaceApp
+from ..errors import EnvsError
 from ..records import Observation
 from ..seeds import derive_seed
 from . import namespaces, rootfs, syscalls, workers
@@ -35,13 +36,29 @@ from .agents import Agents
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import checkpoint, clone, source
-from .protocol import (Checkpoint, Close, Closed, Execute, Executed, Failed, Fork, HostConfig, Ping, Pong, Ready,
-                       Reply, Request, config_decoder, encoder, request_decoder)
+from .protocol import (
+    Checkpoint,
+    Close,
+    Closed,
+    Execute,
+    Executed,
+    Failed,
+    Fork,
+    HostConfig,
+    Ping,
+    Pong,
+    Ready,
+    Reply,
+    Request,
+    config_decoder,
+    encoder,
+    request_decoder,
+)
 
 HOST_OOM_SCORE_ADJ = -500  # the OOM killer takes an agent's memory hog before the host
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(EnvsError):
     pass
 
 

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import EnvsError
+
 AGENT_USER = "agent"
 AGENT_UID = 65000
 AGENT_GID = 65000
@@ -141,5 +143,5 @@ def _check_rootfs(path: Path, label: str) -> None:
         raise ImageError(f"image {label}: no bin/ or usr/bin/ (is it a root file system?)")
 
 
-class ImageError(ValueError):
+class ImageError(EnvsError, ValueError):
     pass

@@ -18,6 +18,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+from ..errors import HostUnsupported
 from . import syscalls
 
 _BTRFS_IOCTL_MAGIC = 0x94
@@ -138,7 +139,7 @@ class LayerStore:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
 
-class LayersUnavailable(RuntimeError):
+class LayersUnavailable(HostUnsupported):
     pass
 
 

@@ -20,10 +20,10 @@ import socket
 import subprocess
 import sys
 
+from ..errors import EnvsError
 from . import syscalls
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
 from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
-
 
 # -- the nursery process ------------------------------------------------------------------------------------------
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 # -- the engine's side --------------------------------------------------------------------------------------------
 
 
-class NurseryError(RuntimeError):
+class NurseryError(EnvsError):
     pass
 
 

@@ -27,8 +27,19 @@ from ..app import AppContext, WorkerApp, WorkerError
 from . import syscalls
 from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import worker as worker_fork
-from .protocol import (WorkerAdopt, WorkerBeforeFork, WorkerCall, WorkerCheckpoint, WorkerFork, WorkerMessage,
-                       WorkerReply, WorkerRestore, encoder, worker_message_decoder, worker_reply_decoder)
+from .protocol import (
+    WorkerAdopt,
+    WorkerBeforeFork,
+    WorkerCall,
+    WorkerCheckpoint,
+    WorkerFork,
+    WorkerMessage,
+    WorkerReply,
+    WorkerRestore,
+    encoder,
+    worker_message_decoder,
+    worker_reply_decoder,
+)
 
 
 class WorkerHandle:

@@ -21,17 +21,23 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from typing import Any
+
 import msgspec
 
+from ..errors import EnvsError
 from ..records import AppSpec, Observation, ToolCall
 from ..workspace import Workspace
 
 
-class ActionError(ValueError):
+class SuiteError(EnvsError):
+    """The root of a suite's errors: the task files, the agent's actions, the suite's own steps."""
+
+
+class ActionError(SuiteError, ValueError):
     """An action in the suite's language that cannot be parsed: names the action and what is wrong."""
 
 
-class SuiteStepFailed(RuntimeError):
+class SuiteStepFailed(SuiteError):
     """A step the suite itself takes (setup, resolving a reference, reading state for scoring) failed: a broken
     task or workspace, not the agent's mistake."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import Suite
+from .base import Suite, SuiteError
 
 SUITES = {
     "webshop": "bunshin.envs.webshop.suite:WebShopSuite",
@@ -16,7 +16,7 @@ SUITES = {
 }
 
 
-class UnknownSuite(ValueError):
+class UnknownSuite(SuiteError, ValueError):
     pass
 
 

@@ -20,11 +20,11 @@ import struct
 from typing import Any
 
 from ..app import AppContext, Tool, ToolError, WorkspaceApp, dont_fork_into_workers
+from ..records import Observation, ToolCall
+from ..runtime.workers import WorkerHandle
+from ..suites.base import ActionError
 from .browser.actions import VERBS, validate_call
 from .browser.browser import Browser, BrowserError
-from ..records import Observation, ToolCall
-from ..suites.base import ActionError
-from ..runtime.workers import WorkerHandle
 
 _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 _CHECKPOINT_MAGIC = b"SHOPCKP1"

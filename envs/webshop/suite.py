@@ -14,12 +14,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .browser.actions import parse_action
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import webarena
 from ..suites.base import ActionError, Suite, SuiteTask, checked
 from ..workspace import Workspace
 from . import tasks as generator
+from .browser.actions import parse_action
 
 SHOP_APP = "bunshin.envs.webshop.app:ShopApp"
 _SYMBOLIC = re.compile(r"\[(@\w+ '(?:[^'\\]|\\.)*')\]")

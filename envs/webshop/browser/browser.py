@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ...app import ToolError
 from ...records import Observation, ToolCall
 from ...suites.base import ActionError
 from . import accessibility, dom, images, screenshot
@@ -48,7 +49,7 @@ MAX_BODY = 16 << 20
 USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) BunshinTextBrowser/0.1"
 
 
-class BrowserError(Exception):
+class BrowserError(ToolError):
     """The page refused the action (bad element id, not a field, no such tab, site unreachable...)."""
 
 

@@ -14,6 +14,8 @@ import html.parser
 import re
 from collections.abc import Iterator
 
+from ...errors import EnvsError
+
 VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
                   "track", "wbr"})
 # Elements whose content is never rendered as text.
@@ -40,7 +42,7 @@ TEXT = "#text"
 DOCUMENT = "#document"
 
 
-class SelectorError(ValueError):
+class SelectorError(EnvsError, ValueError):
     """A CSS selector outside the supported subset (or malformed); the message names the selector."""
 
 
