@@ -8,6 +8,7 @@ Must never: keep bulky binary observation data in a record (screenshots are kept
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,8 +21,9 @@ from bunshin.envs.records import Observation, ToolCall, canonical
 __all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
            "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
 
-class Status:
-    """How a rollout ended. Everything but ``OK`` ends only that rollout; the batch goes on."""
+class Status(enum.StrEnum):
+    """How a rollout ended. Everything but ``OK`` ends only that rollout; the batch goes on. Recorded as its value
+    (``"ok"``, ``"call_timeout"``...); ``outcomes.classify`` maps a failure to its status."""
 
     OK = "ok"  # the episode ended with the suite's final action and was scored
     MAX_STEPS = "max_steps"  # the step limit came first; scored as it stands
@@ -29,12 +31,11 @@ class Status:
     POLICY_ERROR = "policy_error"
     MALFORMED_ACTION = "malformed_action"  # not the suite's action language, or names no element on the page
     WORKSPACE_FAILED = "workspace_failed"  # the workspace died or broke (killed, out of memory, ...)
-    CALL_TIMEOUT = "call_timeout"
+    CALL_TIMEOUT = "call_timeout"  # a tool call overran its deadline (the runtime stopped its workspace)
     ROLLOUT_TIMEOUT = "rollout_timeout"
     EVALUATOR_ERROR = "evaluator_error"
     SETUP_FAILED = "setup_failed"  # the group's base workspace could not be made or its task set up
-    ALL = (OK, MAX_STEPS, POLICY_TIMEOUT, POLICY_ERROR, MALFORMED_ACTION, WORKSPACE_FAILED, CALL_TIMEOUT,
-           ROLLOUT_TIMEOUT, EVALUATOR_ERROR, SETUP_FAILED)
+    ENGINE_ERROR = "engine_error"  # a bug of the engine (or a suite's own code): never the agent's or workspace's
 
 
 class StepObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,7 +99,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     final_token_ids: list[int] | None = None  # the final decision's tokens and log-probs (a trainer needs them too)
     final_logprobs: list[float] | None = None
     reward: float = 0.0
-    status: str = Status.OK
+    status: Status = Status.OK
     error: str | None = None
     timings: dict[str, float] = {}  # wall_s, reasoning_s, tool_s, fork_s, evaluate_s, admission_wait_s
     lineage: list[str] = []  # workspace ids from the group's base to this sample's workspace

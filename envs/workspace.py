@@ -158,6 +158,7 @@ class Workspace:
         if orphan is None:
             return
         try:
+            await await_points.reached("workspace.request.orphan")
             await asyncio.shield(orphan)
         except asyncio.CancelledError:
             if not orphan.cancelled():

@@ -14,6 +14,7 @@ import pytest_asyncio
 import uvloop
 
 from bunshin.envs import AppSpec, Limits, WorkspaceRuntime
+from bunshin.envs.runtime import await_points
 
 HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
 
@@ -125,6 +126,21 @@ async def make_runtime(state_dir: Path, loop_watchdog: None) -> AsyncIterator[Ca
 @pytest_asyncio.fixture
 async def runtime(make_runtime: Callable[..., object]) -> WorkspaceRuntime:
     return await make_runtime()  # type: ignore[misc]
+
+
+def cancel_at(task: asyncio.Future[object], name: str, occurrence: int = 1) -> await_points.Hook:
+    """A hook for ``await_points.hook``: cancel ``task`` (the caller under test) the ``occurrence``-th time the code
+    reaches the await point ``name``; the cancellation lands on the caller's next await, as a caller's would."""
+    seen = 0
+
+    def hook(reached: str) -> None:
+        nonlocal seen
+        if reached == name:
+            seen += 1
+            if seen == occurrence:
+                task.cancel()
+
+    return hook
 
 
 @pytest_asyncio.fixture

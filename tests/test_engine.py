@@ -28,13 +28,14 @@ from bunshin.engine.records import (
     write_jsonl,
 )
 from bunshin.engine.rollout import RolloutEngine
-from bunshin.envs import Observation, ToolCall
+from bunshin.envs import Limits, Observation, ToolCall, derive_seed
+from bunshin.envs.runtime import await_points
 from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.base import Decision, Policy, PolicyContext
 from bunshin.policies.scripted import ScriptedPolicy
 
-from .conftest import assert_no_leaks
+from .conftest import assert_no_leaks, cancel_at
 
 CATALOG = 2000
 TASKS = ["0", "14", "42", "49"]  # review_count, cheapest_in_category, add_to_cart, checkout
@@ -138,17 +139,31 @@ async def test_each_failure_ends_only_its_own_rollout(state_dir, task_dir, loop_
         Status.OK: 3, Status.WORKSPACE_FAILED: 1, Status.POLICY_TIMEOUT: 1, Status.MALFORMED_ACTION: 1}
 
 
+RUN_POINTS = ["group.setup", "sample.fork", "fork.cow.request", "hosts.await_ready", "sample.decide", "sample.call",
+              "workspace.request.sent", "sample.evaluate"]
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 1.0, 2.5])
-async def test_cancelling_run_leaves_nothing_behind(state_dir, task_dir, loop_watchdog, delay: float) -> None:
+async def test_the_await_points_named_here_are_the_ones_a_run_passes(state_dir, task_dir, loop_watchdog) -> None:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.0), concurrency=2, state_dir=state_dir)
+    async with engine:
+        await engine.run(engine.requests(TASKS[:1], group_size=1, seed=2))  # the root is made before we look
+        with await_points.seen() as passed:
+            await engine.run(engine.requests(TASKS[:1], group_size=2, seed=2))
+    assert sorted(set(passed)) == sorted(RUN_POINTS)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("point", RUN_POINTS)
+async def test_cancelling_run_leaves_nothing_behind(state_dir, task_dir, loop_watchdog, point: str) -> None:
+    """``run`` cancelled at each await point a run passes (its second passage: other rollouts are under way)."""
     engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.02), concurrency=4, state_dir=state_dir)
     async with engine:
         task = asyncio.ensure_future(engine.run(engine.requests(TASKS, group_size=3, seed=2)))
-        await asyncio.sleep(delay)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == list(engine._roots.values())
+        with await_points.hook(cancel_at(task, point, occurrence=2)):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == engine.roots
     await assert_no_leaks(engine.runtime)
 
 
@@ -164,21 +179,41 @@ async def test_stream_yields_in_completion_order_and_an_early_exit_cleans_up(sta
                 if len(seen) == 3:
                     break  # a trainer that has enough
         assert len(seen) == 3 and all(t.status == Status.OK for t in seen)
-        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == list(engine._roots.values())
+        assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == engine.roots
         # a consumer that leaves without closing its stream: the engine stops the rest when it closes
         async for result in engine.stream(engine.requests(TASKS[:2], group_size=2, seed=4)):
             break
     await assert_no_leaks(engine.runtime)
 
 
+class Overlap(Policy):
+    """The scripted policy, counting the rollouts between their first decision and their final action."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedPolicy(time_scale=0.02, fail_p=0.0, detour_p=0.0)
+        self.live: set[tuple[str, int]] = set()
+        self.most = 0
+
+    async def decide(self, ctx: PolicyContext) -> Decision:
+        self.live.add((ctx.group_id, ctx.sample))
+        self.most = max(self.most, len(self.live))
+        decision = await self.inner.decide(ctx)
+        if decision.action == ctx.reference[-1]:
+            self.live.discard((ctx.group_id, ctx.sample))
+        return decision
+
+
 @pytest.mark.asyncio
 async def test_a_memory_budget_admits_rollouts_one_by_one(state_dir, task_dir, loop_watchdog) -> None:
-    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.02), concurrency=6, state_dir=state_dir,
+    policy = Overlap()
+    engine = RolloutEngine(shop(task_dir), policy, concurrency=6, state_dir=state_dir,
                            memory_budget=1)  # below anything: one rollout at a time, never none
     async with engine:
-        results = await engine.run(engine.requests(TASKS[:1], group_size=3, seed=4))
+        results = await engine.run(engine.requests(TASKS[:2], group_size=3, seed=4))
     await assert_no_leaks(engine.runtime)
     assert all(r.trajectory.status == Status.OK for r in results)
+    assert policy.most == 1  # never two rollouts at once
+    assert engine.gate is not None and engine.gate.admission.peak_active == 1
     waits = sorted(r.trajectory.timings["admission_wait_s"] for r in results)
     assert waits[-1] > 0  # someone waited for memory
 
@@ -193,9 +228,19 @@ async def test_replay_reproduces_observations_and_rewards(state_dir, task_dir, t
     assert report["trajectories"] == report["identical_observations"] == report["identical_rewards"] == 12
 
 
-def test_a_request_for_an_unknown_task_is_its_own_failure() -> None:
-    t = Trajectory(task_id="x", suite="webshop", group_id="g", sample=0, seed=1, status=Status.SETUP_FAILED)
-    assert summarize([t], 1.0, 0, 0.0, "cow")["statuses"] == {Status.SETUP_FAILED: 1}
+@pytest.mark.asyncio
+async def test_a_request_for_an_unknown_task_is_its_own_failure(state_dir, task_dir, loop_watchdog) -> None:
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.0, fail_p=0.0, detour_p=0.0), concurrency=2,
+                           state_dir=state_dir)
+    async with engine:
+        requests = engine.requests(["no-such-task", TASKS[0]], group_size=2, seed=3)
+        trajectories = [r.trajectory for r in await engine.run(requests)]
+    await assert_no_leaks(engine.runtime)
+    unknown, known = trajectories[:2], trajectories[2:]
+    assert [t.status for t in unknown] == [Status.SETUP_FAILED] * 2
+    assert all("unknown task 'no-such-task' for suite webshop" in (t.error or "") for t in unknown)
+    assert [(t.status, t.reward) for t in known] == [(Status.OK, 1.0)] * 2  # the rest of the batch ran
+    assert summarize(trajectories, 1.0, 0, 0.0, "cow")["statuses"] == {Status.SETUP_FAILED: 2, Status.OK: 2}
 
 
 calls = st.builds(ToolCall, name=st.sampled_from(["click", "type", "goto", "terminal"]),
@@ -268,22 +313,54 @@ async def test_a_model_server_policy_keeps_token_ids_and_logprobs_in_the_traject
     assert second.status == Status.MALFORMED_ACTION and "definitely" in (second.error or "")
 
 
+SILENT_SERVER = ("nohup python3 -c \"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 9009)); "
+                 "s.listen(); time.sleep(600)\" > /dev/null 2>&1 & sleep 0.3")
+
+
 class Stalling(Policy):
-    """Sample 0 asks for a tool call that never ends in time; sample 1 thinks slower than its rollout may last."""
+    """Sample 0 points its browser at a server of its own that accepts and never answers (the page load hangs in the
+    host past the call's deadline); sample 1 thinks slower than its rollout may last."""
 
     async def decide(self, ctx: PolicyContext) -> Decision:
         if ctx.sample == 0:
-            return Decision(action=ToolCall(name="shell", args={"cmd": "sleep 20"}))
+            if ctx.step == 0:
+                return Decision(action=ToolCall(name="shell", args={"cmd": SILENT_SERVER}))
+            return Decision(action="goto [http://127.0.0.1:9009/]")
         await asyncio.sleep(0.6)
         return Decision(action="scroll [down]")
 
 
 @pytest.mark.asyncio
 async def test_call_and_rollout_timeouts_end_their_rollouts(state_dir, task_dir, loop_watchdog) -> None:
-    engine = RolloutEngine(shop(task_dir), Stalling(), concurrency=2, state_dir=state_dir, call_timeout_s=1.0,
-                           rollout_timeout_s=2.0, decide_timeout_s=5.0)
+    limits = Limits(memory_bytes=2 << 30, pids=256, command_timeout_s=2.0, deadline_grace_s=0.5)
+    engine = RolloutEngine(shop(task_dir), Stalling(), concurrency=2, state_dir=state_dir, call_timeout_s=2.0,
+                           rollout_timeout_s=3.0, decide_timeout_s=5.0, limits=limits)
     async with engine:
         results = await engine.run(engine.requests(TASKS[:1], group_size=2, seed=6))
     await assert_no_leaks(engine.runtime)
     assert [r.trajectory.status for r in results] == [Status.CALL_TIMEOUT, Status.ROLLOUT_TIMEOUT]
+    assert "goto" in (results[0].trajectory.error or "") and "overran its deadline" in results[0].trajectory.error
     assert all(r.trajectory.timings["wall_s"] < 10 for r in results)
+
+
+class Buggy(RolloutEngine):
+    """An engine whose tool-call seam has a bug for one sample: its rollout must say so, and only it."""
+
+    async def execute_call(self, ws, call, timeout_s):  # type: ignore[no-untyped-def]
+        if ws.seed == self.victim_seed:
+            raise KeyError("a bug in the engine's own code")
+        return await super().execute_call(ws, call, timeout_s)
+
+
+@pytest.mark.asyncio
+async def test_an_engine_bug_is_reported_as_an_engine_error_not_a_workspace_failure(state_dir, task_dir,
+                                                                                     loop_watchdog) -> None:
+    engine = Buggy(shop(task_dir), ScriptedPolicy(time_scale=0.0, fail_p=0.0, detour_p=0.0), concurrency=2,
+                   state_dir=state_dir)
+    async with engine:
+        requests = engine.requests(TASKS[:1], group_size=2, seed=9)
+        engine.victim_seed = derive_seed(9, TASKS[0], 1)
+        trajectories = [r.trajectory for r in await engine.run(requests)]
+    await assert_no_leaks(engine.runtime)
+    assert [t.status for t in trajectories] == [Status.OK, Status.ENGINE_ERROR]
+    assert "KeyError" in (trajectories[1].error or "")

@@ -14,7 +14,9 @@ import pytest
 
 from bunshin.envs import WorkspaceRuntime
 
-from .conftest import heap_app, host_processes, leftovers
+from bunshin.envs.runtime import await_points
+
+from .conftest import cancel_at, heap_app, host_processes, leftovers
 
 pytestmark = pytest.mark.asyncio
 
@@ -30,20 +32,28 @@ def consistent(rt: WorkspaceRuntime) -> None:
         assert rt.cgroup.child(f"ws-{ws.id}").procs(), f"{ws.id} has no process"
 
 
-@pytest.mark.parametrize("delay", [0, 0.0005, 0.002, 0.005, 0.01, 0.02, 0.04])
-async def test_cancelled_fork_leaves_nothing_and_source_in_step(runtime: WorkspaceRuntime, delay: float) -> None:
+FORK_POINTS = ["fork.cow.request", "workspace.request.sent", "hosts.await_ready"]
+CREATE_POINTS = ["runtime.create.layer", "hosts.start.spawn", "hosts.await_ready"]
+
+
+async def test_the_await_points_named_here_are_the_ones_fork_and_create_pass(runtime: WorkspaceRuntime) -> None:
+    with await_points.seen() as created:
+        source = await runtime.create(heap_app())
+    with await_points.seen() as forked:
+        await source.fork()
+    assert sorted(set(created)) == sorted(CREATE_POINTS)
+    assert sorted(set(forked)) == sorted(FORK_POINTS)
+
+
+@pytest.mark.parametrize("point", FORK_POINTS)
+async def test_cancelled_fork_leaves_nothing_and_source_in_step(runtime: WorkspaceRuntime, point: str) -> None:
     from bunshin.envs import ToolCall
 
     source = await runtime.create(heap_app())
     task = asyncio.ensure_future(source.fork())
-    await asyncio.sleep(delay)
-    task.cancel()
-    try:
-        clone = await task
-    except asyncio.CancelledError:
-        clone = None
-    if clone is not None:
-        await clone.close()
+    with await_points.hook(cancel_at(task, point)):
+        with pytest.raises(asyncio.CancelledError):
+            await task
     consistent(runtime)
     assert list(runtime.workspaces) == [source.id]
     # the source's channel is still in step: the next reply is the answer to the next request
@@ -51,17 +61,12 @@ async def test_cancelled_fork_leaves_nothing_and_source_in_step(runtime: Workspa
     assert (await source.fork()).parent == source.id
 
 
-@pytest.mark.parametrize("delay", [0, 0.01, 0.1, 0.3])
-async def test_cancelled_create_leaves_nothing(runtime: WorkspaceRuntime, delay: float) -> None:
+@pytest.mark.parametrize("point", CREATE_POINTS)
+async def test_cancelled_create_leaves_nothing(runtime: WorkspaceRuntime, point: str) -> None:
     task = asyncio.ensure_future(runtime.create(heap_app()))
-    await asyncio.sleep(delay)
-    task.cancel()
-    try:
-        ws = await task
-    except asyncio.CancelledError:
-        ws = None
-    if ws is not None:
-        await ws.close()
+    with await_points.hook(cancel_at(task, point)):
+        with pytest.raises(asyncio.CancelledError):
+            await task
     consistent(runtime)
     assert runtime.workspaces == {}
 
@@ -71,10 +76,9 @@ async def test_cancelled_execute_keeps_channel_in_step(runtime: WorkspaceRuntime
 
     ws = await runtime.create(heap_app())
     task = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "sleep 0.3; echo first"})))
-    await asyncio.sleep(0.05)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    with await_points.hook(cancel_at(task, "workspace.request.sent")):
+        with pytest.raises(asyncio.CancelledError):
+            await task
     assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo second"}))).output == "second\n"
 
 
@@ -101,8 +105,11 @@ async def test_engine_killed_mid_fork_is_cleaned_up_at_next_start(state_dir: Pat
         assert victim.stdout is not None
         _, run_id, run_dir_text = victim.stdout.readline().split()
         assert victim.stdout.readline().strip() == "forking"
-        time.sleep(0.5)  # let the fork reach its fault
         run_dir = Path(run_dir_text)
+        deadline = time.monotonic() + 20  # the fork reached its fault once the clone's layer is in the pool
+        while len([p for p in (run_dir / "pool").glob("ws-*")]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(list((run_dir / "pool").glob("ws-*"))) == 2
         assert len(host_processes()) >= 1
     finally:
         victim.send_signal(signal.SIGKILL)
@@ -133,14 +140,14 @@ async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_st
 
     ws = await runtime.create(heap_app())
     slow = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "sleep 0.4; echo first"})))
-    await asyncio.sleep(0.05)
-    slow.cancel()
-    waiting = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "echo second"})))
-    await asyncio.sleep(0.05)  # it now waits for the orphaned reply of the first
-    waiting.cancel()
-    for task in (slow, waiting):
+    with await_points.hook(cancel_at(slow, "workspace.request.sent")):
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await slow
+    waiting = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "echo second"})))
+    # cancelled while it waits for the orphaned reply of the first
+    with await_points.hook(cancel_at(waiting, "workspace.request.orphan")):
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
     assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo third"}))).output == "third\n"
     assert (await ws.ping()).pid == ws.pid
 
@@ -148,11 +155,9 @@ async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_st
 async def test_fork_cancelled_twice_still_leaves_nothing(runtime) -> None:
     source = await runtime.create(heap_app())
     task = asyncio.ensure_future(source.fork())
-    await asyncio.sleep(0.002)
-    task.cancel()
-    await asyncio.sleep(0.002)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    with await_points.hook(cancel_at(task, "fork.cow.request"), "fork.cow.request"), \
+            await_points.hook(cancel_at(task, "hosts.await_ready"), "hosts.await_ready"):
+        with pytest.raises(asyncio.CancelledError):
+            await task
     consistent(runtime)
     assert list(runtime.workspaces) == [source.id]

@@ -17,6 +17,7 @@ from typing import Any
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 from bunshin.envs.records import Limits
 
+from ..errors import EngineError
 from .report import human_bytes, markdown_table, percentile, pyplot, write_json
 
 COLUMNS = [
@@ -43,7 +44,8 @@ async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
              f"memory {human_bytes(source.memory().pss)} PSS")
         for i in range(forks):
             clone = await source.fork()
-            assert clone.last_fork is not None
+            if clone.last_fork is None:
+                raise EngineError(f"the {rt.backend_name} backend returned {clone.id} without its fork timing")
             freeze.append(clone.last_fork.freeze_s * 1e3)
             ready.append(clone.last_fork.ready_s * 1e3)
             private.append(clone.memory().private)

@@ -39,7 +39,7 @@ async def measure(suite: Suite, backend: str, rollouts: int, group_size: int, ti
     return {"backend": backend, "rollouts": len(results), "peak_bytes": engine.meter.peak_bytes,
             "total_gib_s": round(engine.meter.gib_s, 3), "wall_s": round(wall, 2),
             "ok": sum(r.trajectory.status == Status.OK for r in results),
-            "statuses": {s: n for s in Status.ALL if (n := sum(r.trajectory.status == s for r in results))},
+            "statuses": {s: n for s in Status if (n := sum(r.trajectory.status == s for r in results))},
             "errors": sorted({(r.trajectory.error or "")[:200] for r in results if r.trajectory.error})[:5],
             "mean_reward": round(sum(r.trajectory.reward for r in results) / max(len(results), 1), 4),
             "timeline": [(round(t, 2), v) for t, v in engine.meter.timeline]}

@@ -12,6 +12,7 @@ import time
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 
 from ..bench.report import human_bytes, markdown_table
+from ..errors import EngineError
 
 
 async def demo(size: int, clones: int, backend: str) -> int:
@@ -26,7 +27,8 @@ async def demo(size: int, clones: int, backend: str) -> int:
         forks = []
         for i in range(clones):
             clone = await source.fork()
-            assert clone.last_fork is not None
+            if clone.last_fork is None:
+                raise EngineError(f"the {rt.backend_name} backend returned {clone.id} without its fork timing")
             forks.append(clone)
             rows.append({"workspace": clone.id, "freeze_ms": clone.last_fork.freeze_s * 1e3,
                          "ready_ms": clone.last_fork.ready_s * 1e3})

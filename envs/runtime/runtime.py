@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import HostUnsupported
 from ..records import AppSpec, Limits, MemoryStats
 from ..workspace import Workspace
+from . import await_points
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, remove_stale_runs, unregister
 from .fork.backends import check_backend, make_backend
@@ -152,6 +153,7 @@ class WorkspaceRuntime:
         hosts = self._hosts()
         ws_id = hosts.new_id()
         layer = f"ws-{ws_id}"
+        await await_points.reached("runtime.create.layer")
         making = asyncio.ensure_future(asyncio.to_thread(self.layers.create, layer))
         try:
             await asyncio.shield(making)

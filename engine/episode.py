@@ -1,0 +1,85 @@
+"""One sample's episode as pure decisions: what the policy's decision means, and what the trajectory records.
+
+Owns: ``Episode`` (the policy's view of the episode, ``PolicyContext``, kept up to date; the decision -> move rule:
+the suite's final action ends the episode, the step limit ends it as ``MAX_STEPS`` with the suite's null action,
+anything else is a tool call to run; recording each step). The async shell (``sample.py``) does the I/O: it asks
+the policy, resolves and runs calls, scores. This is where the prefix tree and speculation plug in: they change how
+an ``Act`` is carried out (executed, served from a cached node, adopted from a speculative branch: ``Step.source``),
+never which move is made, so a trajectory is the same whichever way its calls ran.
+Must never: do I/O or await.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bunshin.envs.records import Observation, ToolCall
+from bunshin.envs.suites.base import Suite, SuiteTask, observation_text
+from bunshin.policies.base import Decision, PolicyContext
+
+from .records import Status, Step, StepObservation, Trajectory
+
+
+@dataclass(frozen=True)
+class Act:
+    """Run ``call`` (a reference step naming an element is resolved against the page first)."""
+
+    call: ToolCall
+    text: str | None  # the action as the policy said it, when it spoke the suite's language
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The episode ends; score it with ``final``."""
+
+    final: ToolCall
+    status: Status
+    error: str | None = None
+
+
+Move = Act | Stop
+
+
+class Episode:
+    def __init__(self, suite: Suite, task: SuiteTask, trajectory: Trajectory, first: Observation, max_steps: int):
+        self.suite, self.task, self.trajectory, self.max_steps = suite, task, trajectory, max_steps
+        trajectory.first_observation = StepObservation.of(first)
+        self.context = PolicyContext(suite=suite.name, task_id=task.id, group_id=trajectory.group_id,
+                                     sample=trajectory.sample, seed=trajectory.seed, instruction=task.instruction,
+                                     reference=task.reference, observations=[observation_text(first)])
+        self.step = 0
+
+    def next_move(self, decision: Decision) -> Move:
+        """The move ``decision`` makes at the current step. Raises the suite's ``ActionError`` when the action is
+        not in its language (the caller classifies it as a malformed action)."""
+        t = self.trajectory
+        if t.prompt_token_ids is None and decision.prompt_token_ids is not None:
+            t.prompt_token_ids = decision.prompt_token_ids
+        text = decision.action if isinstance(decision.action, str) else None
+        call = self.suite.parse_action(text) if text is not None else decision.action
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"a decision's action is text or a ToolCall, not {type(call).__name__}")
+        normalize = getattr(self.suite, "normalize", None)
+        if normalize is not None:
+            call = normalize(call)
+        if self.suite.is_final(call):
+            t.final, t.final_text = call, text
+            t.final_token_ids, t.final_logprobs = decision.token_ids, decision.logprobs
+            return Stop(final=call, status=Status.OK)
+        if self.step >= self.max_steps:
+            return Stop(final=self.suite.null_action(), status=Status.MAX_STEPS,
+                        error=f"no final action within {self.max_steps} steps")
+        return Act(call=call, text=text)
+
+    def record(self, decision: Decision, act: Act, call: ToolCall, obs: Observation, tool_s: float,
+               source: str = "executed") -> None:
+        """``call`` (``act``'s call as the workspace took it) ran and answered ``obs``: a step of the trajectory,
+        and what the policy sees next."""
+        self.trajectory.steps.append(Step(
+            index=self.step, call=call, observation=StepObservation.of(obs), reasoning_s=round(decision.reasoning_s, 4),
+            tool_s=round(tool_s, 4), source=source, action_text=act.text, token_ids=decision.token_ids,
+            logprobs=decision.logprobs))
+        self.context.observations.append(observation_text(obs))
+        self.context.actions.append(act.text if act.text is not None else call.name)
+        self.step += 1
+        self.context.step = self.step

@@ -1,0 +1,57 @@
+"""Errors of ``bunshin.engine``. One root, ``EngineError``; the timeouts the engine enforces are typed by phase.
+
+A rollout's failure never escapes as an exception: it ends that rollout with a ``Status`` (``outcomes.classify``).
+These types are what the engine raises internally and what ``classify`` reads; a caller sees ``EngineError`` only
+for misuse of the API (an engine used before ``async with``, bad arguments).
+Must never: stand for another package's failure (a workspace's is ``bunshin.envs.WorkspaceError``, a policy's
+``bunshin.policies.PolicyError``).
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """The root of every error ``bunshin.engine`` raises on purpose."""
+
+
+class PhaseTimeout(EngineError, TimeoutError):
+    """A phase of a rollout took longer than the engine allows; ``phase`` names it and ``limit_s`` the bound."""
+
+    phase = "phase"
+
+    def __init__(self, limit_s: float, what: str = ""):
+        super().__init__(f"{what or self.phase} took over {limit_s:g}s")
+        self.limit_s = limit_s
+
+
+class SetupTimeout(PhaseTimeout):
+    """A group's base workspace was not forked and its task set up in time."""
+
+    phase = "setup"
+
+
+class DecideTimeout(PhaseTimeout):
+    """The policy did not decide in time."""
+
+    phase = "decide"
+
+
+class RolloutTimeout(PhaseTimeout):
+    """The whole rollout (fork, steps, evaluation) took longer than allowed."""
+
+    phase = "rollout"
+
+
+class UnknownTask(EngineError, KeyError):
+    """A request names a task the suite does not have."""
+
+    def __init__(self, task_id: str, suite: str):
+        super().__init__(f"unknown task {task_id!r} for suite {suite}")
+        self.task_id, self.suite = task_id, suite
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EngineNotStarted(EngineError, RuntimeError):
+    """The engine was used outside ``async with RolloutEngine(...)``."""

@@ -1,0 +1,126 @@
+"""One sample's rollout, the async shell around ``Episode``: fork its workspace from the group's base, then observe
+-> ``await policy.decide`` -> run the call -> ... -> score.
+
+Owns: the phases' I/O and their deadlines (a decision within ``decide_timeout_s``, a tool call within
+``call_timeout_s``, enforced by the runtime; the whole rollout within ``rollout_timeout_s``), turning whatever
+interrupts the rollout into its ``Status`` (``outcomes.classify``, with the phase it happened in), the timings, and
+closing the sample's workspace on every path.
+Must never: let a rollout's failure escape (it is the rollout's status), swallow cancellation, or leave its
+workspace open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bunshin.envs.records import Observation, ToolCall
+from bunshin.envs.runtime import await_points
+from bunshin.envs.suites.base import Suite, SuiteTask
+from bunshin.envs.workspace import Workspace
+from bunshin.policies.base import Decision, Policy
+
+from .admission import AdmissionGate
+from .episode import Episode, Stop
+from .errors import DecideTimeout, RolloutTimeout
+from .outcomes import Phase, classify, describe
+from .records import Status, Trajectory
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    decide_timeout_s: float
+    call_timeout_s: float
+    rollout_timeout_s: float
+    max_steps: int
+
+
+class SampleRun:
+    """Runs one sample; ``run`` fills ``trajectory`` and returns, whatever happened."""
+
+    def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
+                 execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask, base: Workspace,
+                 first: Observation, trajectory: Trajectory):
+        self.suite, self.policy, self.gate, self.settings = suite, policy, gate, settings
+        self.execute_call = execute_call
+        self.task, self.base, self.first, self.trajectory = task, base, first, trajectory
+        self.phase = Phase.ENGINE
+        self.ws: Workspace | None = None
+
+    async def run(self, forked: Callable[[], None]) -> None:
+        """``forked()`` is called once this sample no longer needs the base (forked, or failed before)."""
+        t = self.trajectory
+        started = time.monotonic()
+        told = False
+        try:
+            async with self.gate.slot() as ticket:
+                t.timings["admission_wait_s"] = round(ticket.waited_s, 4)
+                try:
+                    async with asyncio.timeout(self.settings.rollout_timeout_s) as scope:
+                        try:
+                            self.phase = Phase.FORK
+                            fork_started = time.monotonic()
+                            await await_points.reached("sample.fork")
+                            self.ws = await self.base.fork(seed=t.seed)
+                        finally:
+                            forked()
+                            told = True
+                        t.timings["fork_s"] = round(time.monotonic() - fork_started, 4)
+                        t.lineage = [self.base.id, self.ws.id]
+                        before = self.ws.cgroup.memory_charge()
+                        await self._episode(self.ws)
+                        ticket.grew = self.ws.cgroup.memory_charge() - before
+                except TimeoutError as exc:
+                    if not scope.expired():
+                        raise
+                    raise RolloutTimeout(self.settings.rollout_timeout_s, "the rollout") from exc
+        except Exception as exc:  # one rollout's failure is that rollout's, named by the phase it happened in
+            t.status, t.error = classify(self.phase, exc), describe(exc)
+        finally:
+            if not told:
+                forked()
+            if self.ws is not None:
+                await self.ws.close()
+            t.timings["wall_s"] = round(time.monotonic() - started, 4)
+            t.timings["reasoning_s"] = round(sum(s.reasoning_s for s in t.steps), 4)
+            t.timings["tool_s"] = round(sum(s.tool_s for s in t.steps), 4)
+
+    async def _episode(self, ws: Workspace) -> None:
+        t = self.trajectory
+        episode = Episode(self.suite, self.task, t, self.first, self.settings.max_steps)
+        while True:
+            decision = await self._decide(episode)
+            self.phase = Phase.PARSE
+            move = episode.next_move(decision)
+            if isinstance(move, Stop):
+                break
+            self.phase = Phase.RESOLVE
+            call = await self.suite.concrete(ws, move.call)
+            self.phase = Phase.CALL
+            call_started = time.monotonic()
+            await await_points.reached("sample.call")
+            obs = await self.execute_call(ws, call, self.settings.call_timeout_s)
+            episode.record(decision, move, call, obs, obs.tool_seconds or time.monotonic() - call_started)
+        if move.status is not Status.OK:
+            t.status, t.error = move.status, move.error
+        self.phase = Phase.EVALUATE
+        evaluate_started = time.monotonic()
+        await await_points.reached("sample.evaluate")
+        t.reward = float(await self.suite.evaluate(ws, self.task, move.final))
+        t.timings["evaluate_s"] = round(time.monotonic() - evaluate_started, 4)
+        self.phase = Phase.ENGINE
+
+    async def _decide(self, episode: Episode) -> Decision:
+        self.phase = Phase.DECIDE
+        await await_points.reached("sample.decide")
+        limit = self.settings.decide_timeout_s
+        try:
+            async with asyncio.timeout(limit) as scope:
+                return await self.policy.decide(episode.context)
+        except TimeoutError as exc:
+            if not scope.expired():
+                raise  # the policy's own timeout: its error, not ours to rename
+            raise DecideTimeout(limit, "the policy's decision") from exc
+
