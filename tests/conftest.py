@@ -1,5 +1,6 @@
 """Shared fixtures: a real workspace runtime per test (root, namespaces, btrfs, cgroups), leak checks after every
-test that starts one, a loop watchdog, and every async test on both asyncio and uvloop."""
+test that starts one, a loop watchdog on every async test, every async test on both asyncio and uvloop, and
+``cancel_at`` for cancelling a coroutine at a named await point."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every async test runs under the loop watchdog (a test that blocks the event loop fails)."""
+    for item in items:
+        if item.get_closest_marker("asyncio") is not None and "loop_watchdog" not in getattr(item, "fixturenames", ()):
+            item.fixturenames.append("loop_watchdog")  # type: ignore[attr-defined]
 
 
 def heap_app(size: int = 16 << 20) -> AppSpec:

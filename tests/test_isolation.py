@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,63 @@ async def test_dead_host_is_reported_with_its_reason(runtime: WorkspaceRuntime) 
     assert "killed by SIGKILL" in info.value.reason
     assert (await run(other, "echo ok"))[1] == "ok"
     await asyncio.sleep(0)
+
+
+async def test_the_runtimes_own_files_are_out_of_the_agents_reach(runtime: WorkspaceRuntime) -> None:
+    """The host's interpreter and bunshin's sources are bound into every workspace (below a root-only directory,
+    reached by symlinks): an agent can neither read, list, write nor import them."""
+    import sys
+
+    from bunshin.envs.runtime.rootfs import RUNTIME_DIR
+
+    ws = await runtime.create(heap_app())
+    code, text = await run(ws, f"ls {RUNTIME_DIR} 2>&1; cat {RUNTIME_DIR}{sys.prefix}/pyvenv.cfg 2>&1")
+    assert text.count("Permission denied") == 2, text
+    binds = runtime.hosts.run.runtime_binds
+    assert any(sys.prefix == b or sys.prefix.startswith(b + "/") for b in binds)
+    for bind in binds:  # each is a link the agent cannot follow (or below a directory it cannot enter: /root)
+        code, text = await run(ws, f"readlink {bind} || ls {os.path.dirname(bind)} 2>&1")
+        assert text == f"{RUNTIME_DIR}{bind}" or "Permission denied" in text, (bind, text)
+    code, text = await run(ws, f"cat {sys.prefix}/pyvenv.cfg 2>&1; touch {sys.prefix}/x 2>&1; ls {sys.prefix} 2>&1")
+    assert text.count("Permission denied") == 3, text
+    code, text = await run(ws, f"PYTHONPATH={Path(__file__).parent.parent} python3 -c 'import bunshin.envs' 2>&1")
+    assert code != 0 and "ModuleNotFoundError" in text
+
+
+async def test_dev_shm_is_the_workspaces_own_and_bounded(runtime: WorkspaceRuntime) -> None:
+    one, two = await runtime.create(heap_app()), await runtime.create(heap_app())
+    assert (await run(one, "echo secret > /dev/shm/probe && cat /dev/shm/probe"))[1] == "secret"
+    assert (await run(two, "cat /dev/shm/probe 2>&1"))[0] != 0
+    assert not Path("/dev/shm/probe").exists()
+    clone = await one.fork()  # a clone starts with a /dev/shm of its own, not its source's
+    assert (await run(clone, "ls -A /dev/shm"))[1] == ""
+    code, text = await run(one, "head -c 100M /dev/zero > /dev/shm/big; echo status $?; du -m /dev/shm/big")
+    assert "No space left on device" in text and "status 1" in text and int(text.split()[-2]) <= 64, text
+
+
+async def test_sysv_ipc_objects_stay_in_their_workspace(runtime: WorkspaceRuntime) -> None:
+    one, two = await runtime.create(heap_app()), await runtime.create(heap_app())
+    code, text = await run(one, "ipcmk -M 4096 && ipcmk -Q && ipcs -m -q")
+    assert code == 0 and "Shared memory id" in text
+    key_lines = [line for line in text.splitlines() if line.startswith("0x")]
+    assert len(key_lines) == 2, text  # one segment, one queue, visible here
+    code, text = await run(two, "ipcs -m -q")
+    assert not [line for line in text.splitlines() if line.startswith("0x")], text
+    host = subprocess.run(["ipcs", "-m", "-q"], capture_output=True, text=True).stdout
+    assert not {line.split()[1] for line in key_lines} & {line.split()[1] for line in host.splitlines()
+                                                          if line.startswith("0x")}
+
+
+async def test_abstract_unix_sockets_stay_in_their_workspace(runtime: WorkspaceRuntime) -> None:
+    """Abstract socket names live in the network namespace: another workspace (or the host) cannot reach them."""
+    one, two = await runtime.create(heap_app()), await runtime.create(heap_app())
+    listen = ("nohup python3 -c \"import socket, time; s = socket.socket(socket.AF_UNIX); "
+              "s.bind('\\0bunshin-probe'); s.listen(); time.sleep(60)\" > /dev/null 2>&1 & sleep 0.5")
+    connect = ("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX)\n"
+               "try:\n    s.connect('\\0bunshin-probe'); print('connected')\n"
+               "except OSError as e: print('refused', e.errno)\"")
+    await run(one, listen)
+    assert (await run(one, connect))[1] == "connected"
+    assert (await run(two, connect))[1].startswith("refused")
+    with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError):
+        s.connect("\0bunshin-probe")
