@@ -50,21 +50,16 @@ async def test_memory_and_files_are_copy_on_write_both_ways(runtime: WorkspaceRu
     assert await page(clone, 3) == 11
     assert await out(clone, "cat ~/f") == "before"
 
-    # source writes are not seen by the clone ...
-    await put(source, "k", "source")
-    await write_page(source, 3, 22)
-    await out(source, "echo source > ~/f; echo s > ~/only-source")
-    assert await get(clone, "k") == "'before'"
-    assert await page(clone, 3) == 11
-    assert await out(clone, "cat ~/f; ls ~") == "before\nf"
-
-    # ... and clone writes are not seen by the source
-    await put(clone, "k", "clone")
-    await write_page(clone, 3, 33)
-    await out(clone, "echo clone > ~/f; echo c > ~/only-clone")
-    assert await get(source, "k") == "'source'"
-    assert await page(source, 3) == 22
-    assert await out(source, "cat ~/f; ls ~") == "source\nf\nonly-source"
+    # the source's writes are not seen by the clone, and then the clone's are not seen by the source
+    seen_by_reader = {"k": "'before'", "page": 11, "files": "before\nf"}
+    for writer, reader, name, value in ((source, clone, "source", 22), (clone, source, "clone", 33)):
+        await put(writer, "k", name)
+        await write_page(writer, 3, value)
+        await out(writer, f"echo {name} > ~/f; echo x > ~/only-{name}")
+        assert await get(reader, "k") == seen_by_reader["k"]
+        assert await page(reader, 3) == seen_by_reader["page"]
+        assert await out(reader, "cat ~/f; ls ~") == seen_by_reader["files"]
+        seen_by_reader = {"k": f"'{name}'", "page": value, "files": f"{name}\nf\nonly-{name}"}
 
 
 async def test_fork_of_fork_sees_its_own_parents_state(runtime: WorkspaceRuntime) -> None:

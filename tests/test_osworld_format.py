@@ -34,6 +34,16 @@ def test_real_shaped_file_loads(tmp_path: Path) -> None:
     assert not task.infeasible
 
 
+def assert_refused(tmp_path: Path, mutate, message: str) -> None:
+    """The task file ``mutate`` makes from TASK is refused with a TaskFileError naming the file and ``message``."""
+    data = json.loads(json.dumps(TASK))
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(TaskFileError) as info:
+        ow.load_task(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.pop("instruction"), "missing required field `instruction`"),
     (lambda d: d["config"].append({"type": "download", "parameters": {"files": []}}),
@@ -61,12 +71,7 @@ def test_real_shaped_file_loads(tmp_path: Path) -> None:
     (lambda d: d["evaluator"].__setitem__("conj", "xor"), "evaluator.conj 'xor'"),
 ])
 def test_unsupported_files_are_refused_naming_the_field(tmp_path: Path, mutate, message: str) -> None:
-    data = json.loads(json.dumps(TASK))
-    mutate(data)
-    path = write(tmp_path, data)
-    with pytest.raises(TaskFileError) as info:
-        ow.load_task(path)
-    assert message in str(info.value) and str(path) in str(info.value)
+    assert_refused(tmp_path, mutate, message)
 
 
 def test_supported_launch_and_open_steps_load(tmp_path: Path) -> None:
@@ -127,12 +132,7 @@ def test_metrics_pass_and_fail(tmp_path: Path) -> None:
      "evaluator.options ['rules'] not supported by compare_table"),
 ])
 def test_options_and_rules_we_do_not_implement_are_refused(tmp_path: Path, mutate, message: str) -> None:
-    data = json.loads(json.dumps(TASK))
-    mutate(data)
-    path = write(tmp_path, data)
-    with pytest.raises(TaskFileError) as info:
-        ow.load_task(path)
-    assert str(path) in str(info.value) and message in str(info.value)
+    assert_refused(tmp_path, mutate, message)
 
 
 def test_metrics_follow_osworld_on_details(tmp_path: Path) -> None:

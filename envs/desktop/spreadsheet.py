@@ -178,19 +178,19 @@ class _Parser:
             raise FormulaError(f"unexpected {self.peek()[1]!r}")  # type: ignore[index]
         return node
 
-    def expr(self) -> Node:
-        node = self.term()
-        while (tok := self.peek()) and tok[1] in "+-" and tok[0] == "op":
+    def _left_assoc(self, ops: str, operand: Callable[[], Node]) -> Node:
+        """``operand (op operand)*`` for the operators in ``ops``, folded to the left."""
+        node = operand()
+        while (tok := self.peek()) and tok[1] in ops and tok[0] == "op":
             self.take()
-            node = ("bin", tok[1], node, self.term())
+            node = ("bin", tok[1], node, operand())
         return node
 
+    def expr(self) -> Node:
+        return self._left_assoc("+-", self.term)
+
     def term(self) -> Node:
-        node = self.power()
-        while (tok := self.peek()) and tok[1] in "*/" and tok[0] == "op":
-            self.take()
-            node = ("bin", tok[1], node, self.power())
-        return node
+        return self._left_assoc("*/", self.power)
 
     def power(self) -> Node:
         node = self.unary()

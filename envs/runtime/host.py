@@ -235,11 +235,15 @@ class Host:
             pass
 
 
+def _descriptors(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.host")
-    parser.add_argument("--channel", type=int, required=True)
-    parser.add_argument("--pool", type=int, required=True)
-    parser.add_argument("--cgroups", required=True)
+    """The host process: its descriptors come from the nursery; it dies with it (parent-death signal)."""
+    parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.host", description=__doc__)
+    for flag, kind in (("--channel", int), ("--pool", int), ("--cgroups", _descriptors)):
+        parser.add_argument(flag, type=kind, required=True)
     args = parser.parse_args(argv)
     syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
     sock = socket.socket(fileno=args.channel)
@@ -248,9 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     config = config_decoder.decode(body)
     if os.getppid() != config.reaper_pid:
         return 73
-    cgroup_fds = [int(x) for x in args.cgroups.split(",") if x]
     try:
-        host = Host(sock, args.pool, cgroup_fds, config)
+        host = Host(sock, args.pool, args.cgroups, config)
         host.build()
     except BaseException as exc:
         traceback.print_exc()
