@@ -74,7 +74,7 @@ def make_suite(args: argparse.Namespace) -> object:
     try:
         return get_suite(args.suite, **knobs)
     except TypeError as exc:
-        raise SystemExit(f"bad knob for suite {args.suite}: {exc}") from None
+        raise SystemExit(f"bad knob for suite {args.suite}: {exc}") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             policy = make_policy(args.policy, args.time_scale)
         except (ValueError, OSError) as exc:
-            raise SystemExit(f"bunshin eval: --policy: {exc}") from None
+            raise SystemExit(f"bunshin eval: --policy: {exc}") from exc
         summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,

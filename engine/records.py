@@ -133,4 +133,4 @@ def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
                 try:
                     yield _decoder.decode(line)
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    raise msgspec.ValidationError(f"{path}:{number}: {exc}") from None
+                    raise msgspec.ValidationError(f"{path}:{number}: {exc}") from exc

@@ -53,4 +53,5 @@ class Policy(abc.ABC):
 
 
 class PolicyError(RuntimeError):
-    """A policy could not decide (a model server's error, a recording without this step): ends that rollout."""
+    """The root of ``bunshin.policies``' errors: a policy could not decide (a model server's error, a recording
+    without this step). It ends that rollout with ``policy_error``."""

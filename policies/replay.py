@@ -31,9 +31,9 @@ class ReplayPolicy(Policy):
     def recording(self, ctx: PolicyContext) -> Trajectory:
         try:
             return self.recorded[(ctx.task_id, ctx.group_id, ctx.sample)]
-        except KeyError:
+        except KeyError as exc:
             raise PolicyError(f"no recorded trajectory for task {ctx.task_id} group {ctx.group_id!r} sample "
-                              f"{ctx.sample}") from None
+                              f"{ctx.sample}") from exc
 
     async def decide(self, ctx: PolicyContext) -> Decision:
         t = self.recording(ctx)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bunshin.envs import WorkspaceRuntime
-
 from bunshin.envs.runtime import await_points
 
 from .conftest import cancel_at, heap_app, host_processes, leftovers
@@ -99,25 +97,25 @@ async def test_cancelled_runtime_close_still_cleans_up(make_runtime) -> None:
 
 @pytest.mark.parametrize("fault", ["fork.after_snapshot:hang", "clone.after_cgroup:hang"])
 async def test_engine_killed_mid_fork_is_cleaned_up_at_next_start(state_dir: Path, fault: str) -> None:
-    victim = subprocess.Popen([sys.executable, "-m", "tests.engine_victim", str(state_dir), fault],
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    victim = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.engine_victim", str(state_dir), fault,
+                                                  stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent)
     try:
         assert victim.stdout is not None
-        _, run_id, run_dir_text = victim.stdout.readline().split()
-        assert victim.stdout.readline().strip() == "forking"
+        _, run_id, run_dir_text = (await victim.stdout.readline()).decode().split()
+        assert (await victim.stdout.readline()).decode().strip() == "forking"
         run_dir = Path(run_dir_text)
         deadline = time.monotonic() + 20  # the fork reached its fault once the clone's layer is in the pool
-        while len([p for p in (run_dir / "pool").glob("ws-*")]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        while len(list((run_dir / "pool").glob("ws-*"))) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert len(list((run_dir / "pool").glob("ws-*"))) == 2
         assert len(host_processes()) >= 1
     finally:
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
+        victim.kill()
+        await victim.wait()
     # Hosts die with their engine (parent-death signal) ...
     deadline = time.monotonic() + 10
     while host_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     assert host_processes() == []
     # ... but its cgroups, pool mount and directory wait for the next start.
     left = leftovers(run_id, run_dir)

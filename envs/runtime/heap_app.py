@@ -31,9 +31,14 @@ class HeapApp(WorkspaceApp):
         self.ctx = ctx
         self.heap = HugeHeap(self.size)
         npages = self.size // PAGE
-        words = np.frombuffer(self.heap.map, dtype=np.uint64, count=npages * (PAGE // 8)).reshape(npages, -1)
+        words = np.frombuffer(self._heap().map, dtype=np.uint64, count=npages * (PAGE // 8)).reshape(npages, -1)
         # Page p holds p+1 in every word: distinct per page, cheap to write, never the zero page.
         words[:] = np.arange(1, npages + 1, dtype=np.uint64)[:, None]
+
+    def _heap(self) -> HugeHeap:
+        if self.heap is None:
+            raise ToolError("the heap is not set up")
+        return self.heap
 
     def tools(self) -> dict[str, Tool]:
         return {"set": self._set, "get": self._get, "write_pages": self._write_pages, "digest": self._digest,
@@ -48,7 +53,6 @@ class HeapApp(WorkspaceApp):
 
     def _write_pages(self, args: dict[str, Any]) -> Observation:
         """Write one byte into ``fraction`` of the heap's 4 KiB pages (spread evenly), or into ``page``."""
-        assert self.heap is not None
         npages = self.size // PAGE
         if "page" in args:
             targets = [int(args["page"])]
@@ -59,7 +63,7 @@ class HeapApp(WorkspaceApp):
             count = int(npages * fraction)
             targets = np.linspace(0, npages - 1, count, dtype=np.int64).tolist() if count else []
         value = int(args.get("value", 0xAB)) & 0xFF
-        view = np.frombuffer(self.heap.map, dtype=np.uint8)
+        view = np.frombuffer(self._heap().map, dtype=np.uint8)
         for p in targets:
             if not 0 <= p < npages:
                 raise ToolError(f"page {p} out of range (0..{npages - 1})")
@@ -68,13 +72,11 @@ class HeapApp(WorkspaceApp):
         return Observation(output=f"wrote {len(targets)} pages", data={"pages": len(targets)})
 
     def _read_page(self, args: dict[str, Any]) -> Observation:
-        assert self.heap is not None
         p = int(args["page"])
-        return Observation(output=str(self.heap.map[p * PAGE]), data={"byte": self.heap.map[p * PAGE]})
+        return Observation(output=str(self._heap().map[p * PAGE]), data={"byte": self._heap().map[p * PAGE]})
 
     def _digest(self, args: dict[str, Any]) -> Observation:
-        assert self.heap is not None
-        return Observation(output=hashlib.blake2b(self.heap.map, digest_size=16).hexdigest())
+        return Observation(output=hashlib.blake2b(self._heap().map, digest_size=16).hexdigest())
 
     def _random(self, args: dict[str, Any]) -> Observation:
         n = int(args.get("n", 4))
@@ -82,10 +84,10 @@ class HeapApp(WorkspaceApp):
                            data={"ctx": [self.ctx.rng.getrandbits(32) for _ in range(n)]})
 
     def checkpoint(self) -> list[Any]:
-        assert self.heap is not None
         import msgspec
 
-        return [msgspec.msgpack.encode(self.values), self.heap.map]
+
+        return [msgspec.msgpack.encode(self.values), self._heap().map]
 
     def restore(self, ctx: AppContext, data: memoryview) -> None:
         import msgspec
@@ -94,7 +96,7 @@ class HeapApp(WorkspaceApp):
         self.heap = HugeHeap(self.size)
         head = len(data) - self.size
         self.values = msgspec.msgpack.decode(data[:head])
-        self.heap.map[:] = data[head:]
+        self._heap().map[:] = data[head:]
 
     def close(self) -> None:
         if self.heap is not None:

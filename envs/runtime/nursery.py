@@ -48,9 +48,10 @@ def serve(control: socket.socket) -> None:
                 body, fds = recv_frame(control)
             except ChannelClosed:
                 return
-            request = nursery_decoder.decode(body)
-            assert isinstance(request, NurserySpawn)
             try:
+                request = nursery_decoder.decode(body)
+                if not isinstance(request, NurserySpawn):
+                    raise NurseryError(f"the nursery takes spawn requests, got {type(request).__name__}")
                 proc = _spawn(request, fds)
             except Exception as exc:
                 send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
@@ -142,15 +143,17 @@ class Nursery:
         except (ChannelClosed, TimeoutError) as exc:
             await self.close()
             raise NurseryError("the nursery process did not start") from exc
-        assert isinstance(hello, NurserySpawned)
+        if not isinstance(hello, NurserySpawned):
+            await self.close()
+            raise NurseryError(f"the nursery's first message was {type(hello).__name__}, not its pid")
         self.pid = hello.pid
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
-        assert self._sock is not None
+        sock = self._control()
         try:
             while True:
-                message = nursery_decoder.decode(await async_recv_frame(self._sock))
+                message = nursery_decoder.decode(await async_recv_frame(sock))
                 if isinstance(message, NurseryExited):
                     self._exits[message.pid] = message.status
                     waiter = self._waiters.pop(message.pid, None)
@@ -160,6 +163,11 @@ class Nursery:
                     await self._replies.put(message)
         except ChannelClosed:
             pass
+
+    def _control(self) -> socket.socket:
+        if self._sock is None:
+            raise NurseryError("the nursery is not running")
+        return self._sock
 
     async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str) -> int:
         """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery. A cancelled
@@ -175,10 +183,9 @@ class Nursery:
         return reply.pid
 
     async def _spawn_exchange(self, payload: bytes, fds: list[int]) -> NurserySpawned | NurseryFailed:
-        assert self._sock is not None
         try:
             async with self._lock:
-                await async_send_frame(self._sock, payload, fds)
+                await async_send_frame(self._control(), payload, fds)
                 return await self._replies.get()
         finally:
             for fd in fds:
