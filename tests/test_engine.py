@@ -318,13 +318,18 @@ SILENT_SERVER = ("nohup python3 -c \"import socket, time; s = socket.socket(); s
 
 
 class Stalling(Policy):
-    """Sample 0 points its browser at a server of its own that accepts and never answers (the page load hangs in the
-    host past the call's deadline); sample 1 thinks slower than its rollout may last."""
+    """Sample 0 points its browser at a server in its own workspace that accepts and never answers (the test starts
+    it through the runtime: the shop's agent has no shell); the page load hangs in the host past the call's
+    deadline. Sample 1 thinks slower than its rollout may last."""
+
+    def __init__(self, engine_ref: list[RolloutEngine]):
+        self.engine_ref = engine_ref
 
     async def decide(self, ctx: PolicyContext) -> Decision:
         if ctx.sample == 0:
-            if ctx.step == 0:
-                return Decision(action=ToolCall(name="shell", args={"cmd": SILENT_SERVER}))
+            engine = self.engine_ref[0]
+            ws = next(ws for ws in engine.runtime.workspaces.values() if ws.seed == ctx.seed)
+            await ws.execute(ToolCall(name="shell", args={"cmd": SILENT_SERVER}))
             return Decision(action="goto [http://127.0.0.1:9009/]")
         await asyncio.sleep(0.6)
         return Decision(action="scroll [down]")
@@ -333,8 +338,10 @@ class Stalling(Policy):
 @pytest.mark.asyncio
 async def test_call_and_rollout_timeouts_end_their_rollouts(state_dir, task_dir, loop_watchdog) -> None:
     limits = Limits(memory_bytes=2 << 30, pids=256, command_timeout_s=2.0, deadline_grace_s=0.5)
-    engine = RolloutEngine(shop(task_dir), Stalling(), concurrency=2, state_dir=state_dir, call_timeout_s=2.0,
+    ref: list[RolloutEngine] = []
+    engine = RolloutEngine(shop(task_dir), Stalling(ref), concurrency=2, state_dir=state_dir, call_timeout_s=2.0,
                            rollout_timeout_s=3.0, decide_timeout_s=5.0, limits=limits)
+    ref.append(engine)
     async with engine:
         results = await engine.run(engine.requests(TASKS[:1], group_size=2, seed=6))
     await assert_no_leaks(engine.runtime)

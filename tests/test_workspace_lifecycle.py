@@ -85,7 +85,7 @@ async def test_a_tool_that_overruns_its_deadline_breaks_only_its_workspace(make_
     with pytest.raises(CallDeadlineExceeded) as info:
         await stuck.execute(ToolCall(name="spin", args={"seconds": 600}), timeout_s=1.0)
     took = time.monotonic() - started
-    assert deadline_s(1.0, rt.limits) == 2.0 and 2.0 <= took < 6.0, took
+    assert deadline_s(1.0, rt.limits) == 2.0 and 1.95 <= took < 6.0, took  # (the loop's timers have ms resolution)
     assert info.value.tool == "spin" and "overran its deadline" in info.value.reason
     assert isinstance(info.value, WorkspaceBroken) and isinstance(info.value, TimeoutError)
     # the host was stopped: the workspace reports itself broken with that reason from now on
