@@ -268,6 +268,7 @@ class Workspace:
 
     async def _teardown(self) -> None:
         try:
+            await await_points.reached("workspace.close")
             if not self.broken:
                 try:
                     async with asyncio.timeout(CLOSE_GRACE_S):

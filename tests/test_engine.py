@@ -140,7 +140,7 @@ async def test_each_failure_ends_only_its_own_rollout(state_dir, task_dir, loop_
 
 
 RUN_POINTS = ["group.setup", "sample.fork", "fork.cow.request", "hosts.await_ready", "sample.decide", "sample.call",
-              "workspace.request.sent", "sample.evaluate"]
+              "workspace.request.sent", "sample.evaluate", "workspace.close"]
 
 
 @pytest.mark.asyncio

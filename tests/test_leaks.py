@@ -85,10 +85,9 @@ async def test_cancelled_runtime_close_still_cleans_up(make_runtime) -> None:
     ws = await rt.create(heap_app())
     await ws.fork()
     task = asyncio.ensure_future(rt.close())
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    with await_points.hook(cancel_at(task, "runtime.close")):
+        with pytest.raises(asyncio.CancelledError):
+            await task
     deadline = time.monotonic() + 10
     while leftovers(rt.run_id, rt.run_dir) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -9,9 +9,20 @@ import time
 
 import pytest
 
-from bunshin.envs import (AppSpec, CallDeadlineExceeded, ForkFailed, Limits, ToolCall, WorkspaceBroken,
-                          WorkspaceClosed, WorkspaceRuntime)
+from bunshin.envs import (
+    AppSpec,
+    CallDeadlineExceeded,
+    ForkFailed,
+    Limits,
+    ToolCall,
+    WorkspaceBroken,
+    WorkspaceClosed,
+    WorkspaceRuntime,
+)
+from bunshin.envs.runtime import await_points
 from bunshin.envs.workspace import deadline_s
+
+from .conftest import cancel_at
 
 pytestmark = pytest.mark.asyncio
 
@@ -50,10 +61,9 @@ async def test_two_concurrent_closes_both_return_after_the_teardown(runtime: Wor
 async def test_a_close_whose_caller_was_cancelled_is_finished_by_the_next(runtime: WorkspaceRuntime) -> None:
     ws = await runtime.create(PROBE)
     first = asyncio.ensure_future(ws.close())
-    await asyncio.sleep(0)  # the teardown has started
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
+    with await_points.hook(cancel_at(first, "workspace.close")):  # cancelled once its teardown has started
+        with pytest.raises(asyncio.CancelledError):
+            await first
     await ws.close()
     assert gone(runtime, ws.id, ws.pid) == []
 

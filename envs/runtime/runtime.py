@@ -114,6 +114,7 @@ class WorkspaceRuntime:
 
     async def _teardown(self) -> None:
         """Every step runs even when an earlier one failed; the first failure is raised at the end."""
+        await await_points.reached("runtime.close")
         errors: list[BaseException] = []
 
         async def step(coro: Any) -> None:
