@@ -8,6 +8,7 @@ import asyncio
 import json
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.browser.browser import Browser
 from bunshin.envs.webshop.suite import WebShopSuite
 
-from .test_browser import Shop, do, find_id, product_url, server  # noqa: F401 (server: the test site fixture)
+from .shop_server import ShopSite, do, find_id, product_url, serve_shop
 
 CATALOG = 2000
 OBSERVE = ToolCall(name="observe", args={})
@@ -53,6 +54,17 @@ async def mid_checkout(rt: WorkspaceRuntime, suite: WebShopSuite, task):
     return ws
 
 
+async def forked_mid_checkout(make_runtime, backend: str, tasks_dir: Path):
+    """(suite, task, other checkout task, source mid-checkout, its clone, the source's observation before the fork)
+    on a runtime of ``backend``."""
+    rt: WorkspaceRuntime = await make_runtime(backend=backend)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
+    task, other = checkout_tasks(suite)
+    source = await mid_checkout(rt, suite, task)
+    before = await source.execute(OBSERVE)
+    return suite, task, other, source, await source.fork(), before
+
+
 async def sharing(a, b):
     return compare(await asyncio.to_thread(page_set, a.cgroup.procs()),
                    await asyncio.to_thread(page_set, b.cgroup.procs()))
@@ -60,12 +72,7 @@ async def sharing(a, b):
 
 @pytest.mark.asyncio
 async def test_a_restored_shop_goes_on_where_its_source_was_in_private_memory(make_runtime, tasks_dir) -> None:
-    rt: WorkspaceRuntime = await make_runtime(backend="restore")
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
-    task, other = checkout_tasks(suite)
-    source = await mid_checkout(rt, suite, task)
-    before = await source.execute(OBSERVE)
-    clone = await source.fork()
+    suite, task, other, source, clone, before = await forked_mid_checkout(make_runtime, "restore", tasks_dir)
     assert clone.last_fork is not None and clone.last_fork.ready_s > 0
 
     # (a) the same observation: text, URL, tabs, the screenshot pixels (typed values and scroll included)
@@ -104,11 +111,7 @@ async def test_a_restored_shop_goes_on_where_its_source_was_in_private_memory(ma
 
 @pytest.mark.asyncio
 async def test_a_live_fork_of_the_same_shop_shares_most_of_it(make_runtime, tasks_dir) -> None:
-    rt: WorkspaceRuntime = await make_runtime(backend="cow")
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
-    task, _ = checkout_tasks(suite)
-    source = await mid_checkout(rt, suite, task)
-    clone = await source.fork()
+    _, _, _, source, clone, _ = await forked_mid_checkout(make_runtime, "cow", tasks_dir)
     assert (await clone.execute(OBSERVE)).output == (await source.execute(OBSERVE)).output
     shared = await sharing(clone, source)
     assert shared.physically_shared_fraction > 0.5, shared
@@ -158,11 +161,16 @@ async def test_a_restored_shop_restores_again(make_runtime, tasks_dir) -> None:
     assert rows == {"order_id": 12}
 
 
-def test_a_browser_pickles_whole(server: tuple[str, Shop]) -> None:  # noqa: F811
+@pytest.fixture(scope="module")
+def site() -> Iterator[ShopSite]:
+    with serve_shop() as served:
+        yield served
+
+
+def test_a_browser_pickles_whole(site: ShopSite) -> None:
     """The browser's part of a shop checkpoint: tabs, bfcache entries with rasters and decoded images, the typed
     and scrolled state, the cookies; the restored browser then goes on by itself."""
-    base, shop = server
-    b = Browser(base + "/")
+    b = Browser(site.url + "/")
     do(b, f"goto [{product_url(3)}]")
     do(b, f"click [{find_id(b.observe().output, 'button', 'Add to Cart')}]")  # sets the session cookie
     do(b, "new_tab")
@@ -190,7 +198,9 @@ def test_a_browser_pickles_whole(server: tuple[str, Shop]) -> None:  # noqa: F81
     assert b.page.tree.nodes[qty].value == "4" and r.page.tree.nodes[qty].value == "2"
     do(r, "scroll [up]")
     do(r, f"click [{find_id(r.observe().output, 'button', 'Add to Cart')}]")
-    assert shop.requests[-1][:2] == ("GET", "/checkout/cart/")
-    assert shop.requests[-1][2].startswith("session=s")  # the restored jar sent the cookie
+    last = site.shop.requests[-1]
+    assert (last.method, last.path) == ("GET", "/checkout/cart/")
+    session = next(c.value for c in b.cookies if c.name == "session")
+    assert last.cookie == f"session={session}"  # the restored jar sent the source's session cookie
     for x in (b, r):
         x.close()

@@ -7,16 +7,33 @@ WebArena prints them) and the viewport: a window of ``lines_per_viewport`` lines
 Element ids are the DOM nodes' document-order numbers (``dom.Node.node_id``): the same page state gives the same
 ids whatever the scroll position. Generic wrappers (div, span, form, nav, p... without a role) are not shown:
 their children are lifted to the wrapper's depth.
+Bounded on any page: one line per shown node at most (the DOM holds at most ``dom.MAX_NODES``); names are cut at
+``MAX_NAME_CHARS`` (and only their first ``8 x MAX_NAME_CHARS`` raw characters are looked at); lines are indented
+``MAX_INDENT`` tabs at most; names from content share one walk budget per tree (``NAME_WALK_BUDGET``), each
+label's text and each select's options are worked out once, and the layout is one iterative walk (no recursion,
+no per-node climb to an ancestor): building a tree is linear in the page.
 Must never: do I/O or change the DOM; it only reads the nodes and their form state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import dom
 
 LINE_HEIGHT = 20  # px per laid-out line, shared with the screenshot
+# A name (text run, link, heading, field value, label, title) longer than this is cut, with an ellipsis. The shop's
+# longest is under 200; a page cannot make one line, or one observation, of megabytes.
+MAX_NAME_CHARS = 1000
+_RAW_CHARS = 8 * MAX_NAME_CHARS  # raw text looked at for one name (enough for its whitespace to collapse)
+# Lines are indented by their depth in the tree up to this many tabs (the shop's deepest is 4); deeper lines are
+# shown at this depth, so a deep page cannot make lines of hundreds of tabs.
+MAX_INDENT = 32
+# Node visits spent on names from content for one tree (a link's text, a row's cells, a label's text). Nested
+# named elements would otherwise walk the same descendants once per ancestor (O(nodes x depth)); a real page
+# spends about one visit per node. Past it, further names are empty or cut.
+NAME_WALK_BUDGET = 200_000
 HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 # Roles named from their content: their text is the name, so it is not repeated as StaticText children.
 NAMED_FROM_CONTENT = frozenset({"link", "button", "heading", "option", "cell", "columnheader", "rowheader", "row"})
@@ -61,6 +78,16 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
+def _cut(text: str) -> str:
+    """A name as shown: at most ``MAX_NAME_CHARS`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 1] + "\u2026"
+
+
+def _name(text: str) -> str:
+    """Whitespace collapsed and cut; only the start of a long text is looked at (the rest would be cut)."""
+    return _cut(_squash(text[:_RAW_CHARS]))
+
+
 def is_hidden(node: dom.Node) -> bool:
     if node.tag in dom.NOT_RENDERED or "hidden" in node.attrs or node.attrs.get("aria-hidden") == "true":
         return True
@@ -70,8 +97,9 @@ def is_hidden(node: dom.Node) -> bool:
     return "display:none" in style or "visibility:hidden" in style
 
 
-def role_of(node: dom.Node) -> str | None:
-    """The node's role, or None for a generic wrapper (its children are lifted)."""
+def role_of(node: dom.Node, header_rows: dict[int, bool] | None = None) -> str | None:
+    """The node's role, or None for a generic wrapper (its children are lifted). ``header_rows`` caches, per
+    row, whether all its cells are headers (a ``th`` asks its row; without a cache a wide row is quadratic)."""
     explicit = node.attrs.get("role", "").strip().lower()
     if explicit in EXPLICIT_ROLES:
         return "textbox" if explicit == "searchbox" else explicit
@@ -107,56 +135,130 @@ def role_of(node: dom.Node) -> str | None:
         return "cell"
     if tag == "th":
         row = node.parent
-        cells = [c for c in row.children if c.tag in ("td", "th")] if row is not None else []
-        return "columnheader" if all(c.tag == "th" for c in cells) else "rowheader"
+        if row is None:
+            return "columnheader"
+        headers = header_rows.get(id(row)) if header_rows is not None else None
+        if headers is None:
+            headers = all(c.tag == "th" for c in row.children if c.tag in ("td", "th"))
+            if header_rows is not None:
+                header_rows[id(row)] = headers
+        return "columnheader" if headers else "rowheader"
     if tag == "hr":
         return "separator"
     return None
 
 
+class _Namer:
+    """Names from content for one tree, within budgets: every walk below a node (content names, label texts,
+    a select's options) takes from one budget of ``NAME_WALK_BUDGET`` node visits, and gathers at most
+    ``_RAW_CHARS`` characters; labels' texts and selects' chosen options are worked out once each."""
+
+    def __init__(self, budget: int = NAME_WALK_BUDGET):
+        self.budget = budget
+        self.header_rows: dict[int, bool] = {}
+        self._label_texts: dict[int, str] = {}
+        self._options: dict[int, tuple[list[dom.Node], dom.Node | None]] = {}
+
+    def options(self, select: dom.Node) -> tuple[list[dom.Node], dom.Node | None]:
+        """The select's options and its chosen one."""
+        found = self._options.get(id(select))
+        if found is None:
+            options = dom.options_of(select)
+            self.budget -= len(options)
+            found = self._options[id(select)] = (options, dom.selected_option(select, options))
+        return found
+
+    def field_value(self, node: dom.Node) -> str:
+        if node.tag == "select":
+            chosen = self.options(node)[1]
+            return dom.option_value(chosen) if chosen is not None else ""
+        return dom.field_value(node)
+
+    def label_text(self, label: dom.Node) -> str:
+        text = self._label_texts.get(id(label))
+        if text is None:
+            text = self._label_texts[id(label)] = _name("".join(self._texts(label)))
+        return text
+
+    def _texts(self, node: dom.Node) -> Iterator[str]:
+        """The text runs below ``node`` in document order, at most ``_RAW_CHARS`` characters in all, within the
+        budget. Children are taken one at a time (a node with 20,000 children costs what is visited)."""
+        size = 0
+        stack = [iter((node,))]
+        while stack and size < _RAW_CHARS and self.budget > 0:
+            n = next(stack[-1], None)
+            if n is None:
+                stack.pop()
+                continue
+            self.budget -= 1
+            if n.tag == dom.TEXT:
+                yield n.text[:_RAW_CHARS - size]
+                size += len(n.text)
+            elif n.children:
+                stack.append(iter(n.children))
+
+    def content_name(self, node: dom.Node) -> str:
+        """Text of the node's visible descendants (images by their alt, fields by their value), whitespace
+        collapsed; a block or a cell is followed by a space. Walked as ``_texts`` walks."""
+        parts: list[str] = []
+        size = 0
+        stack: list[tuple[Iterator[dom.Node], str]] = [(iter((node,)), "")]  # children, and what follows them
+        while stack and size < _RAW_CHARS and self.budget > 0:
+            children, after = stack[-1]
+            n = next(children, None)
+            if n is None:
+                stack.pop()
+                parts.append(after)
+                continue
+            self.budget -= 1
+            if n.tag == dom.TEXT:
+                parts.append(n.text[:_RAW_CHARS - size])
+                size += len(parts[-1])
+                continue
+            spaced = " " if n is not node and (n.tag in dom.BLOCK or n.tag in ("td", "th")) else ""
+            if n is not node and is_hidden(n):
+                parts.append(spaced)
+                continue
+            if n.tag == "img":
+                parts.append(" " + n.attrs.get("alt", "")[:_RAW_CHARS] + " ")
+            elif n.tag in ("input", "textarea", "select") and n is not node:
+                parts.append(" " + self.field_value(n)[:_RAW_CHARS] + " ")
+            stack.append((iter(n.children), spaced))
+        return _name("".join(parts))
+
+    def field_label(self, node: dom.Node, labels: dict[str, dom.Node], wrapping: dom.Node | None) -> str:
+        """A field's accessible name without its value: aria-label, <label>, placeholder, title, in that order
+        (``wrapping``: the nearest label around the field)."""
+        if node.attrs.get("aria-label"):
+            return _name(node.attrs["aria-label"])
+        ident = node.attrs.get("id")
+        if ident and ident in labels:
+            return self.label_text(labels[ident])
+        if wrapping is not None:
+            return self.label_text(wrapping)
+        return _name(node.attrs.get("placeholder") or node.attrs.get("title") or "")
+
+
 def content_name(node: dom.Node) -> str:
-    """Text of the node's visible descendants (images by their alt), whitespace collapsed."""
-    parts: list[str] = []
+    """Text of the node's visible descendants (images by their alt), whitespace collapsed and cut."""
+    return _Namer().content_name(node)
 
-    def walk(n: dom.Node) -> None:
-        if n.tag == dom.TEXT:
-            parts.append(n.text)
-            return
-        if n is not node and is_hidden(n):
-            return
-        if n.tag == "img":
-            parts.append(" " + n.attrs.get("alt", "") + " ")
-        elif n.tag in ("input", "textarea", "select") and n is not node:
-            parts.append(" " + dom.field_value(n) + " ")
-        for child in n.children:
-            walk(child)
-            if child.is_element and child.tag in dom.BLOCK | {"td", "th"}:
-                parts.append(" ")
 
-    walk(node)
-    return _squash("".join(parts))
+def field_label(node: dom.Node, labels: dict[str, dom.Node]) -> str:
+    """A field's accessible name without its value: aria-label, <label>, placeholder, title, in that order."""
+    return _Namer().field_label(node, labels, node.closest("label"))
 
 
 def _labels(document: dom.Node) -> dict[str, dom.Node]:
     return {n.attrs["for"]: n for n in document.elements() if n.tag == "label" and n.attrs.get("for")}
 
 
-def field_label(node: dom.Node, labels: dict[str, dom.Node]) -> str:
-    """A field's accessible name without its value: aria-label, <label>, placeholder, title, in that order."""
-    if node.attrs.get("aria-label"):
-        return _squash(node.attrs["aria-label"])
-    ident = node.attrs.get("id")
-    if ident and ident in labels:
-        return _squash(labels[ident].text_content())
-    wrapping = node.closest("label")
-    if wrapping is not None:
-        return _squash("".join(n.text for n in wrapping.iter() if n.tag == dom.TEXT))
-    return _squash(node.attrs.get("placeholder") or node.attrs.get("title") or "")
-
-
 def build(document: dom.Node, title: str, focused: int | None = None) -> Tree:
-    """Lay out the page's accessibility tree; ``focused`` is the node id that has focus (or None)."""
+    """Lay out the page's accessibility tree; ``focused`` is the node id that has focus (or None). One walk of the
+    document, depth-first with an explicit stack; each entry carries what the node needs from its ancestors
+    (its shown depth, whether its text is already its ancestor's name, the nearest label and select)."""
     labels = _labels(document)
+    namer = _Namer()
     lines: list[Line] = []
     nodes: dict[int, dom.Node] = {}
 
@@ -166,62 +268,60 @@ def build(document: dom.Node, title: str, focused: int | None = None) -> Tree:
             props = [("focused", "True"), *props]
         if "disabled" in node.attrs:
             props.append(("disabled", "True"))
-        lines.append(Line(depth, node.node_id, role, name, tuple(props), value, placeholder))
+        lines.append(Line(min(depth, MAX_INDENT), node.node_id, role, _cut(name), tuple(props),
+                          None if value is None else _cut(value), _cut(placeholder)))
         nodes[node.node_id] = node
 
-    def visit(node: dom.Node, depth: int, quiet: bool) -> None:
-        """``quiet``: inside a node named from its content, whose text is not repeated as StaticText."""
+    # (node, depth, quiet: inside a node named from its content, nearest label, nearest select)
+    stack: list[tuple[dom.Node, int, bool, dom.Node | None, dom.Node | None]] = [
+        (child, 1, False, None, None) for child in reversed(document.children)]
+    while stack:
+        node, depth, quiet, label, select = stack.pop()
         if node.tag == dom.TEXT:
-            text = _squash(node.text)
+            text = _name(node.text)
             if text and not quiet:
                 emit(node, depth, "StaticText", text, [])
-            return
+            continue
         if is_hidden(node):
-            return
-        role = role_of(node)
-        if role is None:
-            for child in node.children:
-                visit(child, depth, quiet)
-            return
+            continue
+        role = role_of(node, namer.header_rows)
         if role in ("textbox", "combobox", "checkbox", "radio") or (node.tag == "input" and role == "button"):
-            field(node, depth, role)
-            return
+            field_label = namer.field_label(node, labels, label)
+            required = [("required", str("required" in node.attrs))]
+            if role == "textbox":
+                value = dom.field_value(node)
+                emit(node, depth, role, value or field_label, required, value, field_label)
+            elif role == "combobox":
+                options, chosen = namer.options(node)
+                text = namer.content_name(chosen) if chosen is not None else ""
+                emit(node, depth, role, text or field_label,
+                     [("hasPopup", "menu"), ("expanded", "False"), *required], text, field_label)
+                stack.extend((option, depth + 1, False, label, node) for option in reversed(options)
+                             if not is_hidden(option))
+            elif role in ("checkbox", "radio"):
+                emit(node, depth, role, field_label, [("checked", str(dom.is_checked(node)).lower()), *required])
+            else:  # input buttons: the value is the name
+                default = {"submit": "Submit", "reset": "Reset", "file": "Choose File"}.get(dom.input_type(node), "")
+                emit(node, depth, "button", _name(node.attrs.get("value", "")) or field_label or default, [])
+            continue
+        label = node if node.tag == "label" else label
+        select = node if node.tag == "select" else select
+        if role is None:
+            stack.extend((child, depth, quiet, label, select) for child in reversed(node.children))
+            continue
         if role == "img":
-            emit(node, depth, role, _squash(node.attrs.get("alt", "")), [])
-            return
-        name = _squash(node.attrs.get("aria-label", "")) or (content_name(node) if role in NAMED_FROM_CONTENT else "")
+            emit(node, depth, role, _name(node.attrs.get("alt", "")), [])
+            continue
+        name = _name(node.attrs.get("aria-label", "")) or (
+            namer.content_name(node) if role in NAMED_FROM_CONTENT else "")
         props: list[tuple[str, str]] = []
         if role == "option":
-            select = node.closest("select")
-            chosen = dom.selected_option(select) if select is not None else None
+            chosen = namer.options(select)[1] if select is not None else None
             props.append(("selected", str(chosen is node)))
         emit(node, depth, role, name, props)
-        for child in node.children:
-            visit(child, depth + 1, quiet or role in NAMED_FROM_CONTENT)
-
-    def field(node: dom.Node, depth: int, role: str) -> None:
-        label = field_label(node, labels)
-        required = [("required", str("required" in node.attrs))]
-        if role == "textbox":
-            value = dom.field_value(node)
-            emit(node, depth, role, value or label, required, value, label)
-        elif role == "combobox":
-            chosen = dom.selected_option(node)
-            text = content_name(chosen) if chosen is not None else ""
-            emit(node, depth, role, text or label, [("hasPopup", "menu"), ("expanded", "False"), *required],
-                 text, label)
-            for option in dom.options_of(node):
-                if not is_hidden(option):
-                    visit(option, depth + 1, False)
-        elif role in ("checkbox", "radio"):
-            emit(node, depth, role, label, [("checked", str(dom.is_checked(node)).lower()), *required])
-        else:  # input buttons: the value is the name
-            default = {"submit": "Submit", "reset": "Reset", "file": "Choose File"}.get(dom.input_type(node), "")
-            emit(node, depth, "button", _squash(node.attrs.get("value", "")) or label or default, [])
-
-    for child in document.children:
-        visit(child, 1, False)
-    root = Line(0, document.node_id, "RootWebArea", title, (("focused", "True"),))
+        quiet = quiet or role in NAMED_FROM_CONTENT
+        stack.extend((child, depth + 1, quiet, label, select) for child in reversed(node.children))
+    root = Line(0, document.node_id, "RootWebArea", _cut(title), (("focused", "True"),))
     nodes[document.node_id] = document
     return Tree(root, tuple(lines), nodes)
 

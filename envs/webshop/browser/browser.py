@@ -1,14 +1,13 @@
 """The text browser: tabs, history with a back/forward cache, cookies, forms, and WebArena's actions on them.
 
-Owns: ``Browser`` (what a workspace's host process drives for the web-shop suites) and ``BrowserError`` (an action
-the page refuses: unknown element id, typing into something that is not a field, a bad tab index, a site that
-cannot be reached; the message is written for the agent).
+Owns: ``Browser`` (what a workspace's host process drives for the web-shop suites); it raises ``BrowserError``
+(``errors.py``: an action the page refuses: unknown element id, typing into something that is not a field, a bad
+tab index, a site that cannot be reached; the message is written for the agent).
 
-- HTTP only, through ``urllib.request`` with no proxy: one ``http.cookiejar.CookieJar`` shared by every tab (the
-  standard jar, because it already implements Set-Cookie parsing, Path/Domain matching and expiry, and urllib's
-  cookie processor stores cookies from intermediate redirect responses too, which a POST -> 302 -> GET flow needs);
-  redirects are followed by urllib (a 301/302/303 after a POST becomes a GET, as browsers do). A non-2xx status is
-  not an error: its page is shown, as a browser shows a 404 page.
+- HTTP through ``loader.py`` (urllib, no proxy): one cookie jar shared by every tab (the standard jar with a
+  browser's limits; urllib's cookie processor stores cookies from intermediate redirect responses too, which a
+  POST -> 302 -> GET flow needs); redirects are followed by urllib (a 301/302/303 after a POST becomes a GET, as
+  browsers do). A non-2xx status is not an error: its page is shown, as a browser shows a 404 page.
 - A tab is a list of history entries (``Page``) and a current index. A navigation drops the forward entries and
   appends; ``go_back``/``go_forward`` re-show the cached entry without a request (bfcache), with its scroll
   position, focus and typed form values. Each entry keeps its decoded page: the DOM, the laid-out accessibility
@@ -18,44 +17,50 @@ cannot be reached; the message is written for the agent).
 - The viewport is ``viewport[1] // LINE_HEIGHT`` lines of the tree (36 for 720 px); ``scroll`` moves one viewport,
   clamped to the page, like ``scrollTop += innerHeight``. Same page state, same text, ids and pixels.
 - A browser pickles whole (the private-restore backend's checkpoint of a web shop): every tab and history entry
-  with its DOM, tree, raster and images, and the cookie jar's cookies; the opener is rebuilt when unpickled.
+  with its DOM, tree, raster and images, and the cookie jar's cookies; the loader is rebuilt when unpickled.
+
+Bounded whatever the agent opens (it can serve any page on its workspace's loopback): a load (the document and its
+redirects) has ``timeout_s`` in all, and the page's images another ``timeout_s``; at most ``MAX_PAGE_BYTES`` of a
+document are read and parsed (``dom`` bounds the tree, ``images`` the pictures); a title is cut at
+``MAX_TITLE_CHARS``; at most ``MAX_TABS`` tabs (a clear ``BrowserError`` past it) and ``MAX_HISTORY`` entries per
+tab (the oldest is dropped, as browsers do); the rasters and decoded images kept in the back/forward cache take at
+most ``MAX_CACHE_BYTES`` (the least recently shown entries give theirs up first; a raster is redrawn when its page
+is shown again, images are not reloaded). A page cut by a bound says so: ``Page.truncated`` and a
+``[page truncated: ...]`` line in the observation.
 Must never: import the shop (it only speaks HTTP), run scripts, or perform ``stop`` (the suite's final action).
 """
 
 from __future__ import annotations
 
 import html
-import http.client
-import http.cookiejar
 import re
-import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ...app import ToolError
 from ...records import Observation, ToolCall
 from ...suites.base import ActionError
 from . import accessibility, dom, images, screenshot
 from .accessibility import LINE_HEIGHT
 from .actions import validate_call
+from .errors import BrowserError, PageSelectorError
+from .loader import BoundedCookieJar, Deadline, Loader, join_url
+
+__all__ = ["BLANK", "Browser", "BrowserError", "Page", "PageSelectorError", "Tab"]
 
 BLANK = "about:blank"
-MAX_BODY = 16 << 20
-USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) BunshinTextBrowser/0.1"
-
-
-class BrowserError(ToolError):
-    """The page refused the action (bad element id, not a field, no such tab, site unreachable...)."""
-
-
-class PageSelectorError(BrowserError, dom.SelectorError):
-    """``fetch_text`` got a selector outside the supported subset: both a ``BrowserError`` (callers that turn
-    browser errors into tool errors catch it) and a ``dom.SelectorError``."""
+# Bytes of a document read and parsed; more is cut (the page says so). A Magento page is a few hundred KB.
+MAX_PAGE_BYTES = 4 << 20
+MAX_TITLE_CHARS = 1024  # a title (tab header, RootWebArea name) is cut past this; real ones are under 100
+# Open tabs: a WebArena task uses one or two. new_tab past it is refused (each tab holds at least a blank raster).
+MAX_TABS = 32
+# Entries per tab's history, as Chromium keeps at most 50 per tab; a navigation past it drops the oldest.
+MAX_HISTORY = 50
+# Rasters and decoded images kept in all tabs' back/forward cache. A shop page keeps about 4-8 MB, so a long
+# rollout stays far below; past it the least recently shown entries give theirs up (the current page never).
+MAX_CACHE_BYTES = 512 << 20
 
 
 @dataclass(eq=False)
@@ -73,6 +78,8 @@ class Page:
     images: list[np.ndarray] = field(default_factory=list)  # decoded <img>s at their displayed size
     _tree: accessibility.Tree | None = field(default=None, repr=False)
     _raster_stale: bool = True
+    truncated: str = ""  # why a bound cut the page ("" when none did), shown to the agent
+    shown: int = 0  # when the page was last shown (the browser's clock): the cache's eviction order
 
     @property
     def tree(self) -> accessibility.Tree:
@@ -84,6 +91,9 @@ class Page:
         """The page state (a value, the focus) changed: lay out and draw it again when next needed."""
         self._tree = None
         self._raster_stale = True
+
+    def cached_bytes(self) -> int:
+        return (self.raster.nbytes if self.raster is not None else 0) + sum(i.nbytes for i in self.images)
 
 
 @dataclass(eq=False)
@@ -100,8 +110,13 @@ def _blank_page() -> Page:
     return Page(url=BLANK, status=200, document=dom.parse_html("<html><head></head><body></body></html>"), title="")
 
 
+def _title(text: str) -> str:
+    return text if len(text) <= MAX_TITLE_CHARS else text[:MAX_TITLE_CHARS - 1] + "\u2026"
+
+
 class Browser:
-    """A text browser over HTTP with WebArena's action set; see the module docstring."""
+    """A text browser over HTTP with WebArena's action set; see the module docstring. ``timeout_s`` is the time one
+    load may take in all (the document with its redirects; the page's images get as long again)."""
 
     def __init__(self, start_url: str, *, viewport: tuple[int, int] = (1280, 720), screenshots: bool = True,
                  keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
@@ -113,17 +128,14 @@ class Browser:
         self.keep_rasters = keep_rasters
         self.load_images, self.device_scale = load_images, float(device_scale)
         self.timeout_s = timeout_s
-        self.cookies = http.cookiejar.CookieJar()
-        self._opener = self._build_opener()
+        self.cookies = BoundedCookieJar()
+        self._loader = Loader(self.cookies)
         self.tabs: list[Tab] = [Tab([_blank_page()])]
         self.current = 0
         self.closed = False
         self.requests = 0  # HTTP requests sent (redirect hops counted once)
+        self._clock = 0  # counts pages being shown (Page.shown: the cache's eviction order)
         self._navigate(self.tabs[0], self._resolve(start_url))
-
-    def _build_opener(self) -> urllib.request.OpenerDirector:
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                           urllib.request.HTTPCookieProcessor(self.cookies))
 
     # -- serialisation (the private-restore backend's checkpoint) ------------------------------------------------
 
@@ -131,10 +143,10 @@ class Browser:
         """Everything a restored browser needs to go on exactly where this one is: tabs, every history entry (its
         DOM with typed values and checked boxes, laid-out tree, scroll, focus, raster and decoded images), the
         current tab, the request count, and the cookie jar's cookies (the jar itself holds a lock). Not the
-        opener: it holds nothing but handlers, and is rebuilt around the restored jar. Pickle it in one piece,
+        loader: it holds nothing but handlers, and is rebuilt around the restored jar. Pickle it in one piece,
         so the accessibility trees keep pointing at their documents' nodes."""
         state = self.__dict__.copy()
-        del state["_opener"]
+        del state["_loader"]
         state["cookies"] = list(self.cookies)
         return state
 
@@ -142,10 +154,10 @@ class Browser:
         state = dict(state)
         cookies = state.pop("cookies")
         self.__dict__.update(state)
-        self.cookies = http.cookiejar.CookieJar()
+        self.cookies = BoundedCookieJar()
         for cookie in cookies:
             self.cookies.set_cookie(cookie)
-        self._opener = self._build_opener()
+        self._loader = Loader(self.cookies)
 
     # -- public API ------------------------------------------------------------------------------------------
 
@@ -183,6 +195,9 @@ class Browser:
         elif name == "scroll":
             self._scroll(1 if a["direction"] == "down" else -1)
         elif name == "new_tab":
+            if len(self.tabs) >= MAX_TABS:
+                raise BrowserError(f"cannot open a new tab: {MAX_TABS} tabs are open, the most this browser keeps; "
+                                   f"close one (close_tab) or reuse one (tab_focus)")
             self.tabs.append(Tab([_blank_page()]))
             self.current = len(self.tabs) - 1
         elif name == "tab_focus":
@@ -206,8 +221,9 @@ class Browser:
         self._keep_raster(self.page)
 
     def observe(self) -> Observation:
-        """WebArena's text observation of the current tab's viewport, with the tab header; ``data`` carries the
-        URL, the title, every tab's title, the status and (with ``screenshots``) the viewport PNG."""
+        """WebArena's text observation of the current tab's viewport, with the tab header (and a line saying so
+        when a bound cut the page); ``data`` carries the URL, the title, every tab's title, the status,
+        ``truncated`` (only when cut) and (with ``screenshots``) the viewport PNG."""
         if self.closed:
             raise BrowserError("the browser is closed")
         page = self.page
@@ -218,15 +234,23 @@ class Browser:
         text = f"{header}\n\n{accessibility.render_viewport(tree, page.scroll, self.lines_per_viewport)}"
         data: dict[str, Any] = {"url": page.url, "title": page.title, "tabs": [t.page.title for t in self.tabs],
                                 "tab_index": self.current, "status": page.status}
+        if page.truncated:
+            text += f"\n[page truncated: {page.truncated}; only the part before it is shown]"
+            data["truncated"] = page.truncated
         if self.screenshots:
             data["screenshot"] = self.screenshot()
         return Observation(output=text, data=data)
 
     def screenshot(self) -> bytes:
-        """The current viewport as PNG bytes, exactly ``viewport`` pixels."""
+        """The current viewport as PNG bytes, exactly ``viewport`` pixels: cropped from the kept raster, or drawn
+        from the page's lines where the raster does not reach (or is not kept)."""
         page = self.page
-        raster = self._keep_raster(page) if self.keep_rasters else self._draw(page)
-        return screenshot.viewport_png(raster, page.scroll * LINE_HEIGHT, self.viewport)
+        top = page.scroll * LINE_HEIGHT
+        raster = self._keep_raster(page) if self.keep_rasters else None
+        capped = raster is not None and raster.shape[0] < screenshot.page_height(page.tree, self.viewport[1])
+        if raster is None or (capped and top + self.viewport[1] > raster.shape[0]):
+            raster, top = screenshot.render_lines(page.tree, page.scroll, *self.viewport, page.focused), 0
+        return screenshot.viewport_png(raster, top, self.viewport)
 
     def fetch_text(self, url: str | None, selector: str) -> str:
         """For WebArena's program_html evaluator: the outer text of the first element matching ``selector`` (the
@@ -237,7 +261,7 @@ class Browser:
         if url is None:
             document = self.page.document
         else:
-            _, _, document, _ = self._load(self._resolve(url))
+            document = self._load(self._resolve(url)).document
         if not selector.strip():
             return dom.outer_text(dom.body_of(document))
         try:
@@ -248,8 +272,7 @@ class Browser:
 
     def raster_bytes(self) -> int:
         """Bytes of page rasters and decoded images kept in every tab's history (the back/forward cache)."""
-        return sum((p.raster.nbytes if p.raster is not None else 0) + sum(i.nbytes for i in p.images)
-                   for t in self.tabs for p in t.history)
+        return sum(p.cached_bytes() for t in self.tabs for p in t.history)
 
     def close(self) -> None:
         self.tabs = []
@@ -265,64 +288,50 @@ class Browser:
         if re.match(r"^[A-Za-z0-9.-]+:\d+(/|$)", url):  # "localhost:7770/x": no scheme
             url = "http://" + url
         base = self.page.url if self.tabs and self.page.url != BLANK else self.start_url
-        resolved = urllib.parse.urljoin(base, url)
+        resolved = join_url(base, url)
         if urllib.parse.urlsplit(resolved).scheme not in ("http", "https"):
-            raise BrowserError(f"cannot open {url!r}: only http(s) URLs and paths on this site are supported")
+            raise BrowserError(f"cannot open {url[:200]!r}: only http(s) URLs and paths on this site are supported")
         return resolved
 
-    def _load(self, url: str, data: bytes | None = None) -> tuple[str, int, dom.Node, str]:
-        """GET (or POST ``data``) ``url`` following redirects: (final URL, status, document, title)."""
+    def _load(self, url: str, data: bytes | None = None) -> Page:
+        """GET (or POST ``data``) ``url`` following redirects, parsed into a new page (not in any history)."""
         if url == BLANK:
-            blank = _blank_page()
-            return blank.url, 200, blank.document, ""
+            return _blank_page()
         url = urllib.parse.urldefrag(url).url
-        headers = {"User-Agent": USER_AGENT, "Accept": "text/html,*/*;q=0.8"}
-        if data is not None:
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
         self.requests += 1
-        try:
-            response = self._opener.open(request, timeout=self.timeout_s)
-        except urllib.error.HTTPError as error:  # a 4xx/5xx page is shown, not refused
-            response = error
-        except (urllib.error.URLError, http.client.HTTPException, socket.timeout, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise BrowserError(f"cannot reach {url}: {reason}") from None
-        try:
-            status = getattr(response, "status", None) or response.getcode() or 0
-            final = response.geturl() or url
-            body = response.read(MAX_BODY)
-            content_type = response.headers.get_content_type() if response.headers else "text/html"
-            charset = (response.headers.get_content_charset() if response.headers else None) or "utf-8"
-        except (http.client.HTTPException, OSError) as error:
-            raise BrowserError(f"the connection to {url} broke while loading: {error}") from None
-        finally:
-            response.close()
-        try:
-            text = body.decode(charset, errors="replace")
-        except LookupError:
-            text = body.decode("utf-8", errors="replace")
-        if content_type == "text/plain":
+        response = self._loader.load(url, Deadline(self.timeout_s), MAX_PAGE_BYTES, data)
+        body, final = response.body, response.url
+        text = response.text()
+        if response.content_type == "text/plain":
             text = f"<html><body><pre>{html.escape(text)}</pre></body></html>"
-        elif content_type not in ("text/html", "application/xhtml+xml"):
+        elif response.content_type not in ("text/html", "application/xhtml+xml"):
             name = urllib.parse.urlsplit(final).path.rsplit("/", 1)[-1] or final
-            text = (f"<html><head><title>{html.escape(name)}</title></head><body><p>{html.escape(content_type)}, "
-                    f"{len(body)} bytes</p></body></html>")
-        document = dom.parse_html(text)
-        return final, int(status), document, dom.page_title(document)
+            size = f"more than {len(body)}" if response.truncated else f"{len(body)}"
+            text = (f"<html><head><title>{html.escape(name)}</title></head><body><p>"
+                    f"{html.escape(response.content_type)}, {size} bytes</p></body></html>")
+        parsed = dom.parse(text)
+        cut = [f"the document is longer than {MAX_PAGE_BYTES >> 20} MiB"] if response.truncated and \
+            response.content_type in ("text/html", "application/xhtml+xml", "text/plain") else []
+        cut += [f"it has {parsed.truncated}"] if parsed.truncated else []
+        title = _title(dom.page_title(parsed.document))
+        return Page(url=final, status=response.status, document=parsed.document, title=title or _title(final),
+                    truncated="; ".join(cut))
 
-    def _fetch_image(self, page_url: str, src: str) -> bytes | None:
-        """An image's bytes, with the browser's cookies; None when it cannot be loaded (a broken image)."""
-        url = urllib.parse.urljoin(page_url, src)
-        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+    def _fetch_image(self, page_url: str, src: str, deadline: Deadline, max_bytes: int) -> bytes | None:
+        """An image's bytes, with the browser's cookies; None when it cannot be loaded, is not a 200, or is longer
+        than ``max_bytes`` (a broken image)."""
+        try:
+            url = join_url(page_url, src)
+        except BrowserError:
             return None
-        request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, "Accept": "image/*"})
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https") or deadline.left() <= 0:
+            return None
         self.requests += 1
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return response.read(MAX_BODY) if response.status == 200 else None
-        except (urllib.error.URLError, http.client.HTTPException, OSError):
+            response = self._loader.load(url, deadline, max_bytes, accept="image/*")
+        except BrowserError:
             return None
+        return response.body if response.status == 200 and not response.truncated else None
 
     def _navigate(self, tab: Tab, url: str, data: bytes | None = None) -> None:
         current = tab.page
@@ -330,20 +339,23 @@ class Browser:
         if data is None and fragment and target == urllib.parse.urldefrag(current.url).url and url != BLANK:
             self._scroll_to_fragment(current, fragment)  # same-document navigation: no request
             return
-        final, status, document, title = self._load(url, data)
-        page = Page(url=final, status=status, document=document, title=title or (final if final != BLANK else ""))
+        page = self._load(url, data)
         if fragment:
             self._scroll_to_fragment(page, fragment)
-        if self.load_images:
-            page.images = images.decode_images(document, lambda src: self._fetch_image(final, src),
-                                               self.device_scale)
+        if self.load_images and page.url != BLANK:
+            deadline = Deadline(self.timeout_s)
+            page.images = images.decode_images(
+                page.document, lambda src, limit: self._fetch_image(page.url, src, deadline, limit),
+                self.device_scale)
         del tab.history[tab.index + 1:]
         if len(tab.history) == 1 and tab.history[0].url == BLANK:
             tab.history[0] = page  # a fresh tab's initial blank page is replaced, as browsers do
         else:
             tab.history.append(page)
+            del tab.history[:-MAX_HISTORY]  # the oldest entries go, as a browser's session history does
             tab.index = len(tab.history) - 1
         self._keep_raster(page)
+        self._trim_cache(page)
 
     def _scroll_to_fragment(self, page: Page, fragment: str) -> None:
         target = next((n for n in page.document.elements() if n.attrs.get("id") == fragment
@@ -362,12 +374,29 @@ class Browser:
         return screenshot.render_raster(page.tree, self.viewport[0], self.viewport[1], page.focused)
 
     def _keep_raster(self, page: Page) -> np.ndarray:
+        """The page's kept raster, drawn if stale (then the cache is trimmed); the page becomes the most recently
+        shown."""
+        self._clock += 1
+        page.shown = self._clock
         if not self.keep_rasters:
             return page.raster  # type: ignore[return-value]
         if page.raster is None or page._raster_stale:
             page.raster = self._draw(page)
             page._raster_stale = False
+            self._trim_cache(page)
         return page.raster
+
+    def _trim_cache(self, keep: Page) -> None:
+        """Give up the rasters and images of the least recently shown entries (never ``keep``'s) until the cache
+        fits ``MAX_CACHE_BYTES``, as a browser evicts back/forward cache entries."""
+        total = self.raster_bytes()
+        if total <= MAX_CACHE_BYTES:
+            return
+        for page in sorted((p for t in self.tabs for p in t.history if p is not keep), key=lambda p: p.shown):
+            if total <= MAX_CACHE_BYTES:
+                break
+            total -= page.cached_bytes()
+            page.raster, page._raster_stale, page.images = None, True, []
 
     # -- elements and actions ------------------------------------------------------------------------------------
 
@@ -450,13 +479,16 @@ class Browser:
 
     def _base_url(self) -> str:
         base = self.page.document.query_selector("base[href]")
-        return urllib.parse.urljoin(self.page.url, base.attrs["href"]) if base is not None else self.page.url
+        try:
+            return join_url(self.page.url, base.attrs["href"]) if base is not None else self.page.url
+        except BrowserError:
+            return self.page.url  # an invalid <base> is ignored, as browsers do
 
     def _follow(self, link: dom.Node) -> None:
         href = link.attrs.get("href", "").strip()
         if not href or href.lower().startswith(("javascript:", "mailto:", "tel:")):
             return
-        url = urllib.parse.urljoin(self._base_url(), href)
+        url = join_url(self._base_url(), href)
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             return
         self._navigate(self.tab, url)
@@ -465,7 +497,7 @@ class Browser:
         attrs = submitter.attrs if submitter is not None else {}
         method = (attrs.get("formmethod") or form.attrs.get("method") or "get").strip().lower()
         action = (attrs.get("formaction") or form.attrs.get("action") or "").strip()
-        url = urllib.parse.urljoin(self._base_url(), action) if action else urllib.parse.urldefrag(self.page.url).url
+        url = join_url(self._base_url(), action) if action else urllib.parse.urldefrag(self.page.url).url
         body = urllib.parse.urlencode(dom.form_fields(form, submitter))
         if method == "post":
             self._navigate(self.tab, url, body.encode())
@@ -478,11 +510,13 @@ class Browser:
         if node.tag == "select":
             wanted = text.strip().lower()
             options = dom.options_of(node)
-            chosen = next((o for o in options if " ".join(o.text_content().split()).lower() == wanted
+            chosen = next((o for o in options if dom.option_label(o).lower() == wanted
                            or dom.option_value(o).lower() == wanted), None)
             if chosen is None:
-                names = ", ".join(repr(" ".join(o.text_content().split())) for o in options)
-                raise BrowserError(f"{self._describe(node)} has no option {text!r}; its options are {names}")
+                names = ", ".join(repr(dom.option_label(o)[:100]) for o in options[:20])
+                more = f" and {len(options) - 20} more" if len(options) > 20 else ""
+                raise BrowserError(f"{self._describe(node)} has no option {text[:200]!r}; its options are "
+                                   f"{names}{more}")
             node.value = dom.option_value(chosen)
         elif dom.is_text_field(node):
             if "disabled" in node.attrs or "readonly" in node.attrs:

@@ -1,20 +1,53 @@
-"""The document model of the text browser: HTML parsed into a tree of nodes, a CSS selector subset, the page's
-rendered text (``outerText``) and HTML forms with their current field values.
+"""The document model of the text browser: HTML parsed into a tree of nodes and the page's rendered text
+(``outerText``). Its CSS selector subset (``css.py``) and form helpers (``forms.py``) are re-exported here, so
+``dom.Selector``, ``dom.form_fields`` and friends name them.
 
 Owns: ``Node`` (one element, text node or the document; form state such as a typed value lives on the node),
-``parse_html`` (standard library ``html.parser``, tolerant of unclosed tags, void elements known), ``Selector``
-(tag, ``.class``, ``#id``, ``[attr]``, ``[attr="v"]``, compound, descendant and child combinators, comma groups;
-anything else raises ``SelectorError`` naming the selector), ``outer_text`` and the form helpers.
+``parse`` / ``parse_html`` (standard library ``html.parser``, tolerant of unclosed tags, void elements known),
+``page_title``, ``body_of`` and ``outer_text``.
+
+Bounded on any input (the agent chooses the pages it opens, so a page is hostile input):
+- Parsing is linear: the markup is fed in ``FEED_CHUNK`` pieces; the implied-end-tag rules and end tags find their
+  open element through per-tag stacks of open positions (O(1) amortised per tag, never a scan of the open
+  elements); text runs are gathered and joined once. A tree is at most ``MAX_DEPTH`` deep (deeper start tags
+  become children of the deepest allowed element, as Blink's parser caps nesting) and holds at most
+  ``MAX_NODES`` nodes; html.parser reports at most ``MAX_EVENTS`` events (tags, attributes, text pieces,
+  comments) and no start tag may stay unfinished past ``MAX_TAG_CHARS`` (html.parser re-scans it per piece).
+  Past a budget the page is truncated (the parser is fed no more) and ``Parsed.truncated`` says why.
+  Unfinished constructs at the end (a comment, a tag) are dropped as HTML5 does at end of file, never re-scanned
+  character by character; selects never nest (a ``<select>`` closes an open one, as in HTML5).
+- Nothing walks a tree recursively (``iter``, ``outer_text``, the selectors, pickling are iterative: a deep tree
+  never raises ``RecursionError``); ``find_by_id`` descends by document order (O(depth x log children)).
+- A tree pickles as a flat list (a restore checkpoint of a deep page does not recurse).
 Must never: do I/O or know about tabs, history or the accessibility tree; node ids are document order only.
 """
 
 from __future__ import annotations
 
+import bisect
+import html
 import html.parser
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from ...errors import EnvsError
+from .css import Selector, SelectorError
+from .forms import (
+    BUTTON_TYPES,
+    SUBMIT_TYPES,
+    TEXT_INPUT_TYPES,
+    enclosing_form,
+    field_value,
+    form_fields,
+    input_type,
+    is_checked,
+    is_submit,
+    is_text_field,
+    option_label,
+    option_value,
+    options_of,
+    selected_option,
+)
 
 VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
                   "track", "wbr"})
@@ -35,15 +68,31 @@ _IMPLIED_END = {
     "dt": ({"dt", "dd"}, {"dl"}),
     "dd": ({"dt", "dd"}, {"dl"}),
     "tbody": ({"tbody", "thead", "tr", "td", "th"}, {"table"}),
+    "select": ({"select"}, set()),  # selects never nest (HTML5: a <select> in a select closes it)
 }
 _P_CLOSERS = BLOCK - {"body", "html", "option", "select", "textarea", "tbody", "thead", "tfoot", "tr", "dd", "dt"}
 
 TEXT = "#text"
 DOCUMENT = "#document"
 
-
-class SelectorError(EnvsError, ValueError):
-    """A CSS selector outside the supported subset (or malformed); the message names the selector."""
+# Blink's HTML parser nests at most 512 elements (kMaximumHTMLParserDOMTreeDepth); deeper ones become children of
+# the deepest allowed element. Real pages are a few dozen deep (the shop's: under 10).
+MAX_DEPTH = 512
+# Elements plus text runs per page (document included). A Magento page has a few thousand elements (the shop's
+# largest page here: ~320 nodes); past this the page is truncated, so what is built after it (the accessibility
+# tree, the raster, selectors) stays bounded too.
+MAX_NODES = 50_000
+# Events html.parser reports (tags and their attributes, end tags, text pieces, comments) per page: each costs
+# about a microsecond whether or not it makes a node, so markup made of stray end tags or lone "<"s is bounded
+# too. A real page makes a few per node; past this the page is truncated as past MAX_NODES.
+MAX_EVENTS = 4 * MAX_NODES
+# Markup handed to the parser at once: the budgets are checked between pieces, so at most one piece is parsed
+# after a budget ran out.
+FEED_CHUNK = 256 << 10
+# html.parser re-scans an unfinished start tag from its "<" on every piece fed (its attribute regex runs at about
+# 4 MB/s), so a tag still open after this many characters ends the page (truncated). Real tags are far shorter;
+# a long one is an inline data: URL.
+MAX_TAG_CHARS = 256 << 10
 
 
 class Node:
@@ -122,70 +171,232 @@ class Node:
         return Selector(selector).all(self)
 
     def find_by_id(self, node_id: int) -> Node | None:
-        for node in self.iter():
-            if node.node_id == node_id:
-                return node
-        return None
+        """The node numbered ``node_id`` in this subtree. Ids are document order, so each level's children are
+        sorted by id and the target lies under the last child whose id is not past it: a descent, not a scan.
+        (A tree that was never numbered, ids all 0, is scanned.)"""
+        if self.node_id <= 0 or node_id <= 0:
+            return next((n for n in self.iter() if n.node_id == node_id), None)
+        node = self
+        while node.node_id != node_id:
+            at = bisect.bisect_right(node.children, node_id, key=_node_id) - 1
+            if at < 0:
+                return None
+            node = node.children[at]
+        return node
+
+    def root(self) -> Node:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickled flat: the root as a list of node records (no recursion, whatever the depth); any other node as
+        (its root, its position there), so every reference to a node unpickles to the same node of one tree."""
+        root = self.root()
+        if root is self:
+            return _rebuild, (_flatten(self),)
+        numbered = root.node_id == 1 and self.node_id > 0
+        key = self.node_id if numbered else next(i for i, n in enumerate(root.iter()) if n is self)
+        return _descendant, (root, numbered, key)
+
+
+def _node_id(node: Node) -> int:
+    return node.node_id
+
+
+def _flatten(root: Node) -> list[tuple[object, ...]]:
+    """Every node of ``root``'s tree in document order: (tag, attrs, text, id, value, checked, parent position)."""
+    position: dict[int, int] = {}
+    flat: list[tuple[object, ...]] = []
+    for index, node in enumerate(root.iter()):
+        position[id(node)] = index
+        parent = position[id(node.parent)] if node.parent is not None and node is not root else -1
+        flat.append((node.tag, node.attrs, node.text, node.node_id, node.value, node.checked, parent))
+    return flat
+
+
+def _rebuild(flat: list[tuple[object, ...]]) -> Node:
+    nodes: list[Node] = []
+    for tag, attrs, text, node_id, value, checked, parent in flat:
+        node = Node(tag, attrs, text)  # type: ignore[arg-type]
+        node.node_id, node.value, node.checked = node_id, value, checked  # type: ignore[assignment]
+        if parent >= 0:  # type: ignore[operator]
+            nodes[parent].append(node)  # type: ignore[index]
+        nodes.append(node)
+    return nodes[0]
+
+
+def _descendant(root: Node, numbered: bool, key: int) -> Node:
+    found = root.find_by_id(key) if numbered else next(n for i, n in enumerate(root.iter()) if i == key)
+    assert found is not None, f"node {key} is not in its pickled tree"
+    return found
 
 
 # -- parsing -------------------------------------------------------------------------------------------------------
 
 
+def _implied_end_rules() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per start tag: the open elements it closes and the tags that shield them (a tag in both sets closes)."""
+    rules = {}
+    for tag in set(_IMPLIED_END) | _P_CLOSERS:
+        closes, boundary = _IMPLIED_END.get(tag, (set(), set()))
+        if tag in _P_CLOSERS:
+            closes, boundary = closes | {"p"}, boundary | {"button", "td", "th"}
+        rules[tag] = (tuple(sorted(closes)), tuple(sorted(boundary - closes)))
+    return rules
+
+
+_RULES = _implied_end_rules()
+
+
 class _TreeBuilder(html.parser.HTMLParser):
-    def __init__(self) -> None:
+    """Builds the tree from html.parser's events. ``stack`` holds the open elements (the document first);
+    ``open`` maps a tag to the stack positions of its open elements, ascending, so an end tag or an implied end
+    finds its element without scanning the stack."""
+
+    def __init__(self, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> None:
         super().__init__(convert_charrefs=True)
+        self.max_nodes, self.max_depth = max_nodes, max_depth
         self.document = Node(DOCUMENT)
         self.stack = [self.document]
+        self.open: dict[str, list[int]] = {}
+        self.nodes = 1
+        self.events = 0
+        self.truncated = ""  # why the page was cut ("" when it was not)
+        self._text: Node | None = None  # the text node data is being gathered into, and the pieces so far
+        self._pieces: list[str] = []
+
+    def _parent(self) -> Node:
+        """Where new content goes: the current element, or the deepest element allowed by ``max_depth``."""
+        return self.stack[min(len(self.stack), self.max_depth) - 1]
+
+    def _flush(self) -> None:
+        if self._text is not None:
+            self._text.text = "".join(self._pieces)
+            self._text, self._pieces = None, []
+
+    def _counted(self, events: int = 1) -> bool:
+        """Count parser events (a tag counts one per attribute too); False once the page is cut."""
+        self.events += events
+        if self.events > MAX_EVENTS and not self.truncated:
+            self.truncated = f"more than {MAX_EVENTS:,} tags and text runs"
+        return not self.truncated
+
+    def _add(self, node: Node) -> bool:
+        self._flush()
+        if self.nodes >= self.max_nodes:
+            self.truncated = f"more than {self.max_nodes:,} elements and text runs"
+            return False
+        self._parent().append(node)
+        self.nodes += 1
+        return True
+
+    def _pop_to(self, position: int) -> None:
+        for node in self.stack[position:]:
+            self.open[node.tag].pop()
+        del self.stack[position:]
 
     def _close_implied(self, tag: str) -> None:
-        rule = _IMPLIED_END.get(tag)
-        if tag in _P_CLOSERS:
-            rule = ({"p"} | (rule[0] if rule else set()), (rule[1] if rule else set()) | {"button", "td", "th"})
-        if not rule:
+        rule = _RULES.get(tag)
+        if rule is None:
             return
         closes, boundary = rule
-        for depth in range(len(self.stack) - 1, 0, -1):
-            open_tag = self.stack[depth].tag
-            if open_tag in closes:
-                del self.stack[depth:]
-                return
-            if open_tag in boundary:
-                return
+        top = max((self.open[t][-1] for t in closes if self.open.get(t)), default=0)
+        if top and top > max((self.open[t][-1] for t in boundary if self.open.get(t)), default=0):
+            self._pop_to(top)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if not self._counted(1 + len(attrs)):
+            return
         self._close_implied(tag)
         node = Node(tag, {k: (v if v is not None else "") for k, v in attrs})
-        self.stack[-1].append(node)
-        if tag not in VOID:
+        if self._add(node) and tag not in VOID:
+            self.open.setdefault(tag, []).append(len(self.stack))
             self.stack.append(node)
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if not self._counted(1 + len(attrs)):
+            return
         self._close_implied(tag)
-        self.stack[-1].append(Node(tag, {k: (v if v is not None else "") for k, v in attrs}))
+        self._add(Node(tag, {k: (v if v is not None else "") for k, v in attrs}))
 
     def handle_endtag(self, tag: str) -> None:
-        for depth in range(len(self.stack) - 1, 0, -1):
-            if self.stack[depth].tag == tag:
-                del self.stack[depth:]
-                return
+        positions = self.open.get(tag)
+        if self._counted() and positions:
+            self._pop_to(positions[-1])
         # a stray end tag is ignored, as browsers do
 
+    def handle_comment(self, data: str) -> None:
+        self._counted()
+
+    def handle_decl(self, decl: str) -> None:
+        self._counted()
+
+    def handle_pi(self, data: str) -> None:
+        self._counted()
+
+    def unknown_decl(self, data: str) -> None:
+        self._counted()
+
     def handle_data(self, data: str) -> None:
-        parent = self.stack[-1]
-        if parent.children and parent.children[-1].tag == TEXT:
-            parent.children[-1].text += data
-        else:
-            parent.append(Node(TEXT, text=data))
+        if not self._counted() or not data:
+            return
+        parent = self._parent()
+        last = parent.children[-1] if parent.children else None
+        if last is not None and last is self._text:
+            self._pieces.append(data)
+            return
+        if last is not None and last.tag == TEXT:  # a run continued after something that added no node
+            self._flush()
+            self._text, self._pieces = last, [last.text, data]
+            return
+        node = Node(TEXT)
+        if self._add(node):
+            self._text, self._pieces = node, [data]
+
+    def finish(self) -> None:
+        """End of input: what html.parser still holds is an unfinished construct or a text tail. An unfinished
+        comment, tag or declaration is dropped (as HTML5 does at end of file), and so is the rest of an unclosed
+        script or style (as html.parser's ``close`` does); anything else is text. (``close`` itself would re-scan
+        an unfinished construct once per character after it: quadratic.)"""
+        rest, self.rawdata = self.rawdata, ""
+        if rest and not self.truncated and not self.cdata_elem and not re.match(r"<[a-zA-Z/!?]", rest):
+            self.handle_data(html.unescape(rest))
+        self._flush()
+        self.stack = [self.document]
+        self.open.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A parsed page: its document, its node count, and why a budget cut it ("" when none did)."""
+
+    document: Node
+    truncated: str
+    nodes: int
+
+
+def parse(markup: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Parsed:
+    """Parse ``markup`` within the budgets; every node numbered in document order (document = 1)."""
+    builder = _TreeBuilder(max_nodes, max_depth)
+    for start in range(0, len(markup), FEED_CHUNK):
+        builder.feed(markup[start:start + FEED_CHUNK])
+        if builder.truncated:
+            break
+        pending = builder.rawdata
+        if len(pending) > MAX_TAG_CHARS and not builder.cdata_elem and re.match(r"<[a-zA-Z]", pending):
+            builder.truncated = f"a tag longer than {MAX_TAG_CHARS >> 10} KiB"
+            break
+    builder.finish()
+    for number, node in enumerate(builder.document.iter(), start=1):
+        node.node_id = number
+    return Parsed(builder.document, builder.truncated, builder.nodes)
 
 
 def parse_html(markup: str) -> Node:
-    """The document node of ``markup``; every node numbered in document order (document = 1)."""
-    builder = _TreeBuilder()
-    builder.feed(markup)
-    builder.close()
-    for number, node in enumerate(builder.document.iter(), start=1):
-        node.node_id = number
-    return builder.document
+    """The document node of ``markup`` (see ``parse``)."""
+    return parse(markup).document
 
 
 def page_title(document: Node) -> str:
@@ -195,126 +406,6 @@ def page_title(document: Node) -> str:
 
 def body_of(document: Node) -> Node:
     return document.query_selector("body") or document
-
-
-# -- selectors -----------------------------------------------------------------------------------------------------
-
-_IDENT = r"-?[_a-zA-Z][_a-zA-Z0-9-]*"
-_TOKEN = re.compile(
-    rf"""(?P<ws>\s*(?P<comb>[>,])\s*|\s+)
-       |(?P<tag>{_IDENT}|\*)
-       |\.(?P<cls>{_IDENT})
-       |\#(?P<id>-?[_a-zA-Z0-9-]+)
-       |\[\s*(?P<attr>{_IDENT})\s*(?:=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>{_IDENT})))?\s*\]""",
-    re.VERBOSE)
-
-
-class _Compound:
-    __slots__ = ("tag", "classes", "ident", "attrs")
-
-    def __init__(self) -> None:
-        self.tag: str | None = None
-        self.classes: list[str] = []
-        self.ident: str | None = None
-        self.attrs: list[tuple[str, str | None]] = []
-
-    def empty(self) -> bool:
-        return self.tag is None and not self.classes and self.ident is None and not self.attrs
-
-    def matches(self, node: Node) -> bool:
-        if not node.is_element:
-            return False
-        if self.tag is not None and self.tag != "*" and node.tag != self.tag:
-            return False
-        if self.ident is not None and node.attrs.get("id") != self.ident:
-            return False
-        if self.classes:
-            have = node.classes
-            if any(c not in have for c in self.classes):
-                return False
-        for name, value in self.attrs:
-            if name not in node.attrs or (value is not None and node.attrs[name] != value):
-                return False
-        return True
-
-
-class Selector:
-    """A parsed selector group: ``Selector("li.item > a.product-item-link, .price").all(document)``."""
-
-    def __init__(self, selector: str):
-        self.source = selector
-        # each complex selector: compounds with the combinator *before* each ("" for the first, " " or ">")
-        self.groups: list[list[tuple[str, _Compound]]] = self._parse(selector)
-
-    def _error(self, what: str) -> SelectorError:
-        return SelectorError(f"unsupported or malformed CSS selector {self.source!r}: {what} (supported: tag, .class, "
-                             f"#id, [attr], [attr=\"v\"], compounds, descendant ' ' and child '>' combinators, ',')")
-
-    def _parse(self, text: str) -> list[list[tuple[str, _Compound]]]:
-        text = text.strip()
-        if not text:
-            raise self._error("empty selector")
-        groups: list[list[tuple[str, _Compound]]] = []
-        current: list[tuple[str, _Compound]] = []
-        compound = _Compound()
-        combinator = ""
-        pos = 0
-        while pos < len(text):
-            m = _TOKEN.match(text, pos)
-            if m is None or m.end() == pos:
-                raise self._error(f"unexpected {text[pos:pos + 12]!r} at offset {pos}")
-            pos = m.end()
-            if m.group("ws") is not None:
-                if compound.empty():
-                    if m.group("comb") is None and not current:
-                        continue
-                    raise self._error(f"combinator without a selector before it at offset {m.start()}")
-                current.append((combinator, compound))
-                compound = _Compound()
-                comb = m.group("comb")
-                if comb == ",":
-                    groups.append(current)
-                    current, combinator = [], ""
-                else:
-                    combinator = comb or " "
-                continue
-            if m.group("tag") is not None:
-                if not compound.empty():
-                    raise self._error(f"type selector {m.group('tag')!r} must come first in a compound")
-                compound.tag = m.group("tag").lower()
-            elif m.group("cls") is not None:
-                compound.classes.append(m.group("cls"))
-            elif m.group("id") is not None:
-                compound.ident = m.group("id")
-            else:
-                value = m.group("dq") if m.group("dq") is not None else m.group("sq") if m.group("sq") is not None \
-                    else m.group("bare")
-                compound.attrs.append((m.group("attr").lower(), value))
-        if compound.empty():
-            raise self._error("ends with a combinator")
-        current.append((combinator, compound))
-        groups.append(current)
-        return groups
-
-    def matches(self, node: Node) -> bool:
-        return any(self._matches_complex(node, chain, len(chain) - 1) for chain in self.groups)
-
-    def _matches_complex(self, node: Node, chain: list[tuple[str, _Compound]], index: int) -> bool:
-        combinator, compound = chain[index]
-        if not compound.matches(node):
-            return False
-        if index == 0:
-            return True
-        if combinator == ">":
-            return node.parent is not None and self._matches_complex(node.parent, chain, index - 1)
-        return any(self._matches_complex(a, chain, index - 1) for a in node.ancestors())
-
-    def all(self, root: Node) -> list[Node]:
-        """Matching descendants of ``root`` (not ``root`` itself, as ``querySelectorAll``), in document order."""
-        return [n for n in root.iter() if n is not root and self.matches(n)]
-
-    def first(self, root: Node) -> Node | None:
-        return next((n for n in root.iter() if n is not root and self.matches(n)), None)
 
 
 # -- rendered text -------------------------------------------------------------------------------------------------
@@ -329,29 +420,33 @@ def outer_text(node: Node) -> str:
     if node.tag in ("input", "textarea", "select"):
         return field_value(node)
     parts: list[str | int] = []  # strings, or ints = required line breaks
-
-    def walk(n: Node) -> None:
+    stack: list[Node | str | int] = [node]  # nodes to enter; strings and ints to emit once their turn comes
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, Node):
+            parts.append(item)
+            continue
+        n = item
         if n.tag == TEXT:
             text = _SPACE.sub(" ", n.text)
             if text:
                 parts.append(text)
-            return
+            continue
         if n.tag in NOT_RENDERED or "hidden" in n.attrs or n.tag in ("input", "textarea", "select", "option"):
-            return
+            continue
         if n.tag == "br":
             parts.append("\n")
-            return
+            continue
         breaks = 2 if n.tag == "p" else 1 if n.tag in BLOCK else 0
         if breaks:
             parts.append(breaks)
-        for child in n.children:
-            walk(child)
-            if child.tag in ("td", "th") and child is not n.children[-1]:
-                parts.append("\t")
-        if breaks:
-            parts.append(breaks)
+            stack.append(breaks)  # after the children
+        last = n.children[-1] if n.children else None
+        for child in reversed(n.children):
+            if child.tag in ("td", "th") and child is not last:
+                stack.append("\t")  # table cells are separated by tabs
+            stack.append(child)
 
-    walk(node)
     out: list[str] = []
     pending = 0
     for part in parts:
@@ -374,98 +469,9 @@ def _strip_line(line: str) -> str:
     return "\t".join(" ".join(cell.split(" ")).strip(" ") for cell in line.split("\t")).strip(" ")
 
 
-# -- forms ---------------------------------------------------------------------------------------------------------
-
-SUBMIT_TYPES = frozenset({"submit", "image"})
-BUTTON_TYPES = frozenset({"submit", "image", "button", "reset"})
-TEXT_INPUT_TYPES = frozenset({"", "text", "search", "email", "password", "number", "tel", "url", "date", "month",
-                              "week", "time", "datetime-local", "color"})
-
-
-def input_type(node: Node) -> str:
-    return node.attrs.get("type", "").lower() if node.tag == "input" else ""
-
-
-def is_text_field(node: Node) -> bool:
-    return node.tag == "textarea" or (node.tag == "input" and input_type(node) in TEXT_INPUT_TYPES)
-
-
-def is_submit(node: Node) -> bool:
-    if node.tag == "button":
-        return node.attrs.get("type", "submit").lower() == "submit"
-    return node.tag == "input" and input_type(node) in SUBMIT_TYPES
-
-
-def enclosing_form(node: Node) -> Node | None:
-    """The form ``node`` belongs to: its ``form="id"`` attribute, else the nearest ancestor ``<form>``."""
-    owner = node.attrs.get("form")
-    if owner:
-        root = node
-        while root.parent is not None:
-            root = root.parent
-        found = next((n for n in root.elements() if n.tag == "form" and n.attrs.get("id") == owner), None)
-        if found is not None:
-            return found
-    return node.closest("form")
-
-
-def options_of(select: Node) -> list[Node]:
-    return [n for n in select.iter() if n.tag == "option"]
-
-
-def option_value(option: Node) -> str:
-    return option.attrs["value"] if "value" in option.attrs else " ".join(option.text_content().split())
-
-
-def selected_option(select: Node) -> Node | None:
-    options = options_of(select)
-    if select.value is not None:
-        return next((o for o in options if option_value(o) == select.value), None)
-    return next((o for o in options if "selected" in o.attrs), options[0] if options else None)
-
-
-def is_checked(node: Node) -> bool:
-    return node.checked if node.checked is not None else "checked" in node.attrs
-
-
-def field_value(node: Node) -> str:
-    """The current value of an input, textarea or select (the user's, else the markup's default)."""
-    if node.tag == "select":
-        option = selected_option(node)
-        return option_value(option) if option is not None else ""
-    if node.value is not None:
-        return node.value
-    if node.tag == "textarea":
-        text = node.text_content()
-        return text[1:] if text.startswith("\n") else text
-    if input_type(node) in ("checkbox", "radio"):
-        return node.attrs.get("value", "on")
-    return node.attrs.get("value", "")
-
-
-def form_fields(form: Node, submitter: Node | None = None) -> list[tuple[str, str]]:
-    """The form's data set in document order: named, enabled inputs (hidden ones included), textareas and selects;
-    checkboxes and radios only when checked; a submit button only when it is the ``submitter``."""
-    fields = []
-    root = form
-    while root.parent is not None:
-        root = root.parent
-    form_id = form.attrs.get("id")
-    for node in root.elements():
-        if node.tag not in ("input", "textarea", "select", "button"):
-            continue
-        if enclosing_form(node) is not form and not (form_id and node.attrs.get("form") == form_id):
-            continue
-        name = node.attrs.get("name")
-        if not name or "disabled" in node.attrs:
-            continue
-        if node.tag == "button" or input_type(node) in BUTTON_TYPES:
-            if node is submitter and is_submit(node):
-                fields.append((name, node.attrs.get("value", "")))
-            continue
-        if input_type(node) in ("checkbox", "radio") and not is_checked(node):
-            continue
-        if input_type(node) == "file":
-            continue
-        fields.append((name, field_value(node)))
-    return fields
+__all__ = [
+    "BUTTON_TYPES", "DOCUMENT", "MAX_DEPTH", "MAX_NODES", "Node", "Parsed", "SUBMIT_TYPES", "Selector",
+    "SelectorError", "TEXT", "TEXT_INPUT_TYPES", "body_of", "enclosing_form", "field_value", "form_fields",
+    "input_type", "is_checked", "is_submit", "is_text_field", "option_label", "option_value", "options_of",
+    "outer_text", "page_title", "parse", "parse_html", "selected_option"
+]

@@ -4,10 +4,14 @@ Owns: drawing (Pillow, the bundled FreeType font at fixed sizes: deterministic, 
 ``LINE_HEIGHT`` row per content line of the tree, indented by depth; headings larger and bold, links blue and
 underlined, buttons boxed, text boxes and comboboxes as boxes showing their value (or the greyed placeholder),
 checkboxes, list bullets, image placeholders, table rules, a focus ring on the focused element. The raster is an
-``H x W x 3`` uint8 numpy array (``H = max(viewport height, lines * LINE_HEIGHT + margin)``): the browser keeps one
-per history entry, as a real browser keeps decoded page state in its back/forward cache, so it costs
-``H * W * 3`` bytes per page (a 60-line page at 1280 px wide: 3.7 MB). The viewport screenshot is PNG bytes of
-exactly the viewport size, cropped at the scroll position and padded with white below a short page.
+``H x W x 3`` uint8 numpy array (``H = max(viewport height, lines * LINE_HEIGHT + margin)``, at most
+``MAX_RASTER_HEIGHT``, as a browser caps a full-page screenshot): the browser keeps one per history entry, as a
+real browser keeps decoded page state in its back/forward cache, so it costs ``H * W * 3`` bytes per page (a
+60-line page at 1280 px wide: 3.7 MB; the cap: 63 MB). The viewport screenshot is PNG bytes of exactly the
+viewport size, cropped from the raster at the scroll position and padded with white below a short page, or, below
+the raster's cap, drawn from the tree's lines at the scroll position (``render_lines``): the same pixels.
+Bounded: at most ``MAX_RASTER_HEIGHT // LINE_HEIGHT`` lines are drawn per raster; names are at most
+``accessibility.MAX_NAME_CHARS`` long and fitted to their room by bisection (a few measurements per line).
 Must never: depend on wall-clock time, system fonts or anything but the tree, the focus and the sizes.
 """
 
@@ -30,6 +34,9 @@ MUTED = (140, 140, 140)
 BORDER = (173, 173, 173)
 PRICE = (181, 40, 40)
 FOCUS = (30, 120, 255)
+# The tallest full-page raster (px): Chromium's full-page captures stop at 16384 px (its largest texture). The
+# shop's tallest page is under 3,000 px; past the cap the viewport is drawn from the lines when shown.
+MAX_RASTER_HEIGHT = 16384
 
 
 @functools.lru_cache(maxsize=8)
@@ -38,7 +45,13 @@ def font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
 
 
 def page_height(tree: Tree, viewport_height: int) -> int:
+    """The full page's height in px (uncapped)."""
     return max(viewport_height, len(tree.lines) * LINE_HEIGHT + BOTTOM_MARGIN)
+
+
+def raster_height(tree: Tree, viewport_height: int) -> int:
+    """The height of the page's raster: the page's, capped at ``MAX_RASTER_HEIGHT`` (never below the viewport)."""
+    return min(page_height(tree, viewport_height), max(MAX_RASTER_HEIGHT, viewport_height))
 
 
 def _fit(text: str, f: ImageFont.FreeTypeFont | ImageFont.ImageFont, room: float) -> str:
@@ -49,8 +62,16 @@ def _fit(text: str, f: ImageFont.FreeTypeFont | ImageFont.ImageFont, room: float
     if length <= room:
         return text
     keep = max(0, int(len(text) * room / length) - 2)
-    while keep > 0 and f.getlength(text[:keep] + "...") > room:
-        keep -= 1
+    if keep > 0 and f.getlength(text[:keep] + "...") > room:
+        # the longest shorter prefix that fits, by bisection (widths grow with the prefix)
+        low, high = 0, keep
+        while high - low > 1:
+            middle = (low + high) // 2
+            if f.getlength(text[:middle] + "...") <= room:
+                low = middle
+            else:
+                high = middle
+        keep = low
     return text[:keep] + "..."
 
 
@@ -120,14 +141,22 @@ def _draw_line(draw: ImageDraw.ImageDraw, line: Line, y: int, width: int, focuse
         draw.rectangle(box, outline=FOCUS, width=2)
 
 
-def render_raster(tree: Tree, width: int, viewport_height: int, focused: int | None = None) -> np.ndarray:
-    """The full page as an ``H x width x 3`` uint8 array, one ``LINE_HEIGHT`` row per content line."""
-    height = page_height(tree, viewport_height)
+def render_lines(tree: Tree, first: int, width: int, height: int, focused: int | None = None) -> np.ndarray:
+    """``height`` px of the page from content line ``first`` down, as an ``height x width x 3`` uint8 array: only
+    the lines that show are drawn (and the one above, whose glyphs may reach into the first row)."""
     image = Image.new("RGB", (width, height), (255, 255, 255))
     draw = ImageDraw.Draw(image)
-    for index, line in enumerate(tree.lines):
-        _draw_line(draw, line, index * LINE_HEIGHT, width, line.node_id == focused)
+    last = min(len(tree.lines), first + -(-height // LINE_HEIGHT))
+    for index in range(max(0, first - 1), last):
+        line = tree.lines[index]
+        _draw_line(draw, line, (index - first) * LINE_HEIGHT, width, line.node_id == focused)
     return np.array(image)  # owns its pixels (not a view of the PIL image)
+
+
+def render_raster(tree: Tree, width: int, viewport_height: int, focused: int | None = None) -> np.ndarray:
+    """The full page as an ``H x width x 3`` uint8 array, one ``LINE_HEIGHT`` row per content line; ``H`` is
+    capped at ``MAX_RASTER_HEIGHT``."""
+    return render_lines(tree, 0, width, raster_height(tree, viewport_height), focused)
 
 
 def viewport_png(raster: np.ndarray, scroll_px: int, viewport: tuple[int, int]) -> bytes:
