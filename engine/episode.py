@@ -59,9 +59,8 @@ class Episode:
         call = self.suite.parse_action(text) if text is not None else decision.action
         if not isinstance(call, ToolCall):
             raise TypeError(f"a decision's action is text or a ToolCall, not {type(call).__name__}")
-        normalize = getattr(self.suite, "normalize", None)
-        if normalize is not None:
-            call = normalize(call)
+        call = self.suite.normalize(call)  # the suite's schema: defaults filled in, types as declared; refuses
+        # anything outside the agent's tools (a suite's internal tools, which run as root, above all)
         if self.suite.is_final(call):
             t.final, t.final_text = call, text
             t.final_token_ids, t.final_logprobs = decision.token_ids, decision.logprobs

@@ -2,7 +2,9 @@
 
 Owns: ``OpenAIPolicy`` (the prompt built from a ``PolicyContext``, the request, and reading the reply back into a
 ``Decision`` with the response's token ids and log-probs when the server returns them), ``DEFAULT_PROMPTS`` (one
-system prompt per suite, describing its action language) and ``ACT_TOOL`` (the default tool).
+system prompt per suite: its action language in prose, its list of actions generated from the suite's tool schema),
+``ACT_TOOL`` (the default tool), and ``suite_tools`` with ``SUITE_TOOL_PROMPTS`` (``tools="suite"``: the suite's
+own tools offered as functions generated from its schema, ``SUITE_SCHEMAS``).
 Must never: retry on its own or hide a server's failure; every failure of the server (HTTP error, timeout,
 unreadable or malformed reply) is a ``PolicyError`` naming the URL and the problem, which ends that rollout with
 ``policy_error``. A reply that is well formed but holds no usable action is not the server's failure: its text
@@ -11,7 +13,8 @@ goes back as the action and the suite reports it as a malformed action.
 What is sent to ``POST {base_url}/chat/completions``::
 
     {"model": ..., "messages": [...], "temperature": ..., "max_tokens": ...,
-     "tools": [ACT_TOOL], "tool_choice": "auto",        # unless tools=[] (then neither is sent)
+     "tools": [ACT_TOOL], "tool_choice": "auto",        # unless tools=[] (then neither is sent);
+                                                         #   tools="suite": suite_tools(suite)
      "logprobs": true,                                   # unless logprobs=False
      "return_token_ids": true,                           # vLLM >= 0.10.2 and SGLang: choices[0].token_ids,
                                                          #   vLLM also the top-level prompt_token_ids
@@ -25,7 +28,8 @@ use ``token_ids=False`` there. A vLLM server needs ``--enable-auto-tool-choice -
 accept ``tool_choice: "auto"``; without a tool parser pass ``tools=[]`` and the model answers in plain text.
 
 What is read back: the first choice. A tool call to ``act`` gives the action (its JSON ``arguments`` string, field
-``action``); a call to another tool (a caller's own ``tools``) becomes a ``ToolCall``; with no tool call the message
+``action``); a call to another tool the request offered (a caller's own ``tools``, the suite's with ``tools="suite"``)
+becomes a ``ToolCall``, one it did not offer the text ``{"name": ..., "args": {...}}``; with no tool call the message
 content is the action, with ``<think>...</think>`` and code fences stripped. ``token_ids`` come from
 ``choices[0].token_ids`` or else from log-prob tokens written ``token_id:N``; ``logprobs`` from
 ``choices[0].logprobs.content[*].logprob``; ``prompt_token_ids`` from the top level (vLLM) or the choice (SGLang).
@@ -37,16 +41,22 @@ import asyncio
 import os
 import re
 import time
-from typing import Any
+from collections.abc import Collection
+from typing import Any, Literal
 
 import aiohttp
 import msgspec
 
+from bunshin.envs.desktop import suite as desktop_suite
+from bunshin.envs.desktop import tools as desktop_tools
 from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.tools import ToolSchema
+from bunshin.envs.webshop import tools as webshop_tools
 
 from .base import Decision, Policy, PolicyContext, PolicyError
 
-__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "OpenAIPolicy", "strip_fences"]
+__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "SUITE_SCHEMAS", "SUITE_TOOL_PROMPTS", "OpenAIPolicy", "strip_fences",
+           "suite_tools"]
 
 ACT_TOOL_NAME = "act"
 
@@ -69,46 +79,68 @@ ACT_TOOL: dict[str, Any] = {
     },
 }
 
-_WEBSHOP_PROMPT = """\
+_WEBSHOP_INTRO = """\
 You are an autonomous agent operating a web browser on an online shop. Each observation is the accessibility \
 tree of the current page: every element you can act on is shown with its numeric id in square brackets, like \
-[12] button 'Add to Cart'.
+[12] button 'Add to Cart'."""
 
-Actions (one per turn, written exactly like this):
-  click [id]                      click the element with this id
-  type [id] [text] [1]            type text into a field; the last argument is 1 to press Enter after, 0 not to
-  hover [id]                      hover over the element
-  press [key_comb]                press a key combination, like press [Enter] or press [Control+a]
-  scroll [down]                   scroll the page: [up] or [down]
-  goto [url]                      open a URL
-  go_back [] / go_forward []      browser history
-  new_tab [] / tab_focus [index] / close_tab []
-  stop [answer]                   finish the task; put the answer in the brackets, or stop [] when there is
-                                  nothing to answer; stop [N/A] if the task cannot be done
+# The action language (how an action is written) is prose; the list of actions is generated from the suite's schema.
+_WEBSHOP_LANGUAGE = """\
+Actions (one per turn) are written as the action's name followed by its arguments, each in square brackets, in \
+the order listed below: click [id] clicks the element with this id; type [id] [text] [1] types text into a field \
+and then presses Enter (a true/false argument is written 1 or 0: [0] types without pressing Enter); stop [answer] \
+finishes the task. An argument with a default may be left out at the end (stop alone is stop []). Use only ids \
+that appear in the current observation; stop [N/A] if the task cannot be done.
 
-Use only ids that appear in the current observation."""
+The actions, with their arguments:
+{listing}"""
 
-_DESKTOP_PROMPT = """\
+_DESKTOP_INTRO = """\
 You are an autonomous agent operating a Linux desktop with a terminal, a text editor and a spreadsheet. Each \
-observation describes the open windows and the output of your last action. The user's home is /home/user.
+observation describes the open windows and the output of your last action. The user's home is /home/user."""
 
+_DESKTOP_LANGUAGE = """\
 Actions (one per turn, written exactly like this):
   terminal: <shell command>       run a command in the terminal, like terminal: ls -la ~/Documents
-  editor_open: <path>  sheet_open: <path>  editor_save: <path>  sheet_save: <path>  search_files: <query>
-  {"name": "<tool>", "args": {...}}  any tool as JSON. Tools: terminal {command, timeout_s?},
-      editor_open {path}, editor_replace {find, replace, count?, path?}, editor_insert {line, text, path?},
-      editor_delete_lines {start, end?, path?}, editor_undo {path?}, editor_save {path?}, editor_close {path?},
-      sheet_open {path}, sheet_set {cell, value, path?}, sheet_get {cell, path?}, sheet_save {path?},
-      sheet_close {path?}, search_files {query}
+  <tool>: <text>                  the same short form for the one text argument of {compact}
+  {{"name": "<tool>", "args": {{...}}}}  any tool below as JSON, with its arguments by name
   WAIT                            wait a moment (WAIT: <seconds> for longer)
   DONE                            the task is complete
-  FAIL                            the task cannot be done"""
+  FAIL                            the task cannot be done
+
+The tools, with their arguments (an argument with a default may be left out):
+{listing}"""
 
 _GENERIC_PROMPT = """\
 You are an autonomous agent completing a task in an environment. Each observation shows the environment's \
 current state. Reply with one action per turn in the environment's action language."""
 
-DEFAULT_PROMPTS: dict[str, str] = {"webshop": _WEBSHOP_PROMPT, "desktop": _DESKTOP_PROMPT}
+SUITE_SCHEMAS: dict[str, ToolSchema] = {"webshop": webshop_tools.SCHEMA, "desktop": desktop_tools.SCHEMA}
+
+DEFAULT_PROMPTS: dict[str, str] = {
+    "webshop": f"{_WEBSHOP_INTRO}\n\n" + _WEBSHOP_LANGUAGE.format(listing=webshop_tools.SCHEMA.listing()),
+    "desktop": f"{_DESKTOP_INTRO}\n\n" + _DESKTOP_LANGUAGE.format(
+        compact=", ".join(name for name in desktop_suite.COMPACT if name != "terminal"),
+        listing=desktop_tools.SCHEMA.listing()),
+}
+
+# With the suite's own tools offered (``tools="suite"``) the functions' definitions describe them: no list here.
+SUITE_TOOL_PROMPTS: dict[str, str] = {
+    "webshop": f"{_WEBSHOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Use only element ids that "
+               "appear in the current observation. Call stop with the answer to finish (answer N/A if the task "
+               "cannot be done).",
+    "desktop": f"{_DESKTOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Call DONE when the task is "
+               "complete, FAIL if it cannot be done.",
+}
+
+
+def suite_tools(suite: str) -> list[dict[str, Any]]:
+    """The suite's agent tools as OpenAI function definitions, generated from its tool schema (a model's call of
+    one is a ``ToolCall`` the suite's application decodes through the same schema)."""
+    if suite not in SUITE_SCHEMAS:
+        raise PolicyError(f"no tool schema for suite {suite!r}; suites with one: {', '.join(SUITE_SCHEMAS)}")
+    return SUITE_SCHEMAS[suite].openai_tools()
+
 
 _TOOL_SUFFIX = ("\n\nGive each action by calling the `act` tool with the action text as its `action` argument "
                 "(exactly one call per turn).")
@@ -153,7 +185,10 @@ class OpenAIPolicy(Policy):
     ``model=None`` asks ``GET {base_url}/models`` once and takes the first id. ``history_turns`` earlier
     observation/action pairs go into the prompt before the latest observation (older ones are dropped);
     ``history_observation_chars`` cuts those earlier observations (the latest is always sent whole).
-    ``tools=None`` offers ``ACT_TOOL``; ``tools=[]`` offers none (plain-text actions, no ``tool_choice``).
+    ``tools=None`` offers ``ACT_TOOL``; ``tools=[]`` offers none (plain-text actions, no ``tool_choice``);
+    ``tools="suite"`` offers the suite's own tools, generated from its schema (``suite_tools``): a call of one is the
+    decision, as a ``ToolCall``. A call of a tool that was not offered is not trusted as a ``ToolCall``: it goes
+    back as the text ``{"name": ..., "args": {...}}`` for the suite to parse (and refuse, if it is not its tool).
     ``token_ids`` asks for token ids with the vLLM/SGLang extension fields (see the module's docstring).
     """
 
@@ -161,7 +196,7 @@ class OpenAIPolicy(Policy):
 
     def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
                  temperature: float = 1.0, max_tokens: int = 512, timeout_s: float = 120,
-                 tools: list[dict[str, Any]] | None = None, system_prompt: str | None = None,
+                 tools: list[dict[str, Any]] | Literal["suite"] | None = None, system_prompt: str | None = None,
                  logprobs: bool = True, extra_body: dict[str, Any] | None = None, history_turns: int = 4,
                  history_observation_chars: int | None = 4000, token_ids: bool = True,
                  max_connections: int = 256) -> None:
@@ -177,7 +212,10 @@ class OpenAIPolicy(Policy):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.timeout_s = float(timeout_s)
-        self.tools = [ACT_TOOL] if tools is None else list(tools)
+        if isinstance(tools, str) and tools != "suite":
+            raise ValueError(f'tools must be a list of tool definitions, None or "suite", got {tools!r}')
+        self.suite_tools = tools == "suite"
+        self.tools: list[dict[str, Any]] = [] if self.suite_tools else [ACT_TOOL] if tools is None else list(tools)
         self.system_prompt = system_prompt
         self.logprobs = logprobs
         self.extra_body = dict(extra_body or {})
@@ -229,16 +267,16 @@ class OpenAIPolicy(Policy):
             async with session.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
                 raw = await resp.read()
                 status = resp.status
-        except TimeoutError:  # aiohttp's ServerTimeoutError is one too
-            raise PolicyError(f"{method} {url}: no reply within timeout_s={self.timeout_s:g}s") from None
+        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
+            raise PolicyError(f"{method} {url}: no reply within timeout_s={self.timeout_s:g}s") from exc
         except aiohttp.ClientError as exc:
-            raise PolicyError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+            raise PolicyError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
             raise PolicyError(f"{method} {url}: HTTP {status}: {self._error_text(raw)}")
         try:
             return _decode.decode(raw)
         except msgspec.DecodeError as exc:
-            raise PolicyError(f"{method} {url}: the reply is not valid JSON ({exc}): {_snippet(raw)}") from None
+            raise PolicyError(f"{method} {url}: the reply is not valid JSON ({exc}): {_snippet(raw)}") from exc
 
     @staticmethod
     def _error_text(raw: bytes) -> str:
@@ -273,9 +311,15 @@ class OpenAIPolicy(Policy):
 
     # -- prompt ---------------------------------------------------------------------------------------------------
 
+    def tools_for(self, suite: str) -> list[dict[str, Any]]:
+        """The tool definitions a request for ``suite`` offers."""
+        return suite_tools(suite) if self.suite_tools else self.tools
+
     def system_text(self, suite: str) -> str:
         if self.system_prompt is not None:
             return self.system_prompt
+        if self.suite_tools:
+            return SUITE_TOOL_PROMPTS.get(suite, _GENERIC_PROMPT)
         base = DEFAULT_PROMPTS.get(suite, _GENERIC_PROMPT)
         if self.tools:
             return base + _TOOL_SUFFIX
@@ -313,8 +357,9 @@ class OpenAIPolicy(Policy):
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        if self.tools:
-            body["tools"] = self.tools
+        tools = self.tools_for(ctx.suite)
+        if tools:
+            body["tools"] = tools
             body["tool_choice"] = "auto"
         if self.logprobs:
             body["logprobs"] = True
@@ -334,10 +379,14 @@ class OpenAIPolicy(Policy):
         started = time.perf_counter()
         reply = await self._request("POST", self.chat_url, body)
         elapsed = time.perf_counter() - started
-        return self.parse_reply(reply, elapsed)
+        offered = [t["function"].get("name") for t in body.get("tools") or () if isinstance(t, dict)
+                   and isinstance(t.get("function"), dict)]
+        return self.parse_reply(reply, elapsed, offered=offered)
 
-    def parse_reply(self, reply: Any, reasoning_s: float = 0.0) -> Decision:
-        """A chat-completions reply as a ``Decision``; ``PolicyError`` when it is not one."""
+    def parse_reply(self, reply: Any, reasoning_s: float = 0.0, *, offered: Collection[str] | None = None
+                    ) -> Decision:
+        """A chat-completions reply as a ``Decision``; ``PolicyError`` when it is not one. ``offered``: the names
+        of the tools the request offered (a call of another one is not a ``ToolCall``); ``None``: any."""
         where = f"POST {self.chat_url}"
         if not isinstance(reply, dict):
             raise PolicyError(f"{where}: the reply is not a JSON object: {_snippet(reply)}")
@@ -351,7 +400,7 @@ class OpenAIPolicy(Policy):
             raise PolicyError(f"{where}: the reply's first choice has no message: {_snippet(choice)}")
         usage = reply.get("usage")
         self.last_usage = usage if isinstance(usage, dict) else None
-        action = self._action(choice["message"], where)
+        action = self._action(choice["message"], where, offered)
         logprobs, logprob_ids = self._logprobs(choice.get("logprobs"))
         token_ids = choice.get("token_ids")
         if not _is_int_list(token_ids):
@@ -364,7 +413,8 @@ class OpenAIPolicy(Policy):
         return Decision(action=action, reasoning_s=reasoning_s, token_ids=token_ids, logprobs=logprobs,
                         prompt_token_ids=prompt_ids)
 
-    def _action(self, message: dict[str, Any], where: str) -> str | ToolCall:
+    def _action(self, message: dict[str, Any], where: str, offered: Collection[str] | None = None
+                ) -> str | ToolCall:
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
             raise PolicyError(f"{where}: the message's tool_calls is not a list: {_snippet(calls)}")
@@ -392,9 +442,11 @@ class OpenAIPolicy(Policy):
                 return text  # not {"action": "..."}: the suite will call it malformed
         if parsed:
             name, args, text = parsed[0]
-            if isinstance(args, dict):
-                return ToolCall(name=name, args=args)
-            return text
+            if not isinstance(args, dict):
+                return text
+            if offered is not None and name not in offered:  # e.g. a suite's internal tool: never executed as is
+                return _encode.encode({"name": name, "args": args}).decode()
+            return ToolCall(name=name, args=args)
         content = message.get("content")
         if isinstance(content, list):  # content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict)

@@ -8,9 +8,11 @@ prints the port it listens on (one line on stdout), then serves until it is term
 
 - ``GET /v1/models``: the served models, in OpenAI's list format.
 - ``POST /v1/chat/completions``: answers with the script's next reply (in order; once the script is used up, HTTP
-  500). The request is checked as a server would (JSON object, a ``messages`` list, a served ``model``) and every
-  request body, good or bad, is appended to the ``--log`` file as one JSON line
-  ``{"method", "path", "authorization", "body"}`` (``body`` is the raw text when it is not JSON).
+  500). The request is checked as a server would (JSON object, a ``messages`` list, a served ``model``, ``tools``
+  as OpenAI's API takes them: function tools named ``[a-zA-Z0-9_-]{1,64}``, once each, whose ``parameters`` is a
+  self-contained JSON schema of ``"type": "object"``) and every request body, good or bad, is appended to the
+  ``--log`` file as one JSON line ``{"method", "path", "authorization", "body"}`` (``body`` is the raw text when it
+  is not JSON).
 
 The script is a JSON list of replies (or ``{"models": [...], "replies": [...]}``); each reply is an object with
 
@@ -57,6 +59,42 @@ def tokenize(text: str) -> list[tuple[int, str]]:
 
 def logprob_of(token_id: int) -> float:
     return -round(0.01 * (1 + token_id % 250), 4)
+
+
+_FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def tools_problem(tools: Any) -> str | None:
+    """Why a server would refuse the request's ``tools`` (OpenAI's API, vLLM's request model), or ``None``."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return "'tools' must be a list"
+    names = set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            return f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}"
+        name = fn.get("name")
+        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+            return f"tools[{i}].function.name must match ^[a-zA-Z0-9_-]{{1,64}}$, got {name!r}"
+        if name in names:
+            return f"tools[{i}].function.name {name!r} is given twice"
+        names.add(name)
+        if not isinstance(fn.get("description", ""), str):
+            return f"tools[{i}].function.description must be a string"
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict) or params.get("type") != "object":
+            return f"tools[{i}].function.parameters must be a JSON schema of type object"
+        if _has_key(params, "$ref"):
+            return f"tools[{i}].function.parameters has a $ref the schema does not resolve"
+    return None
+
+
+def _has_key(node: Any, key: str) -> bool:
+    if isinstance(node, dict):
+        return key in node or any(_has_key(v, key) for v in node.values())
+    return isinstance(node, list) and any(_has_key(v, key) for v in node)
 
 
 class Script:
@@ -136,6 +174,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             self._error(400, "'messages' must be a non-empty list")
+            return
+        problem = tools_problem(body.get("tools"))
+        if problem is not None:
+            self._error(400, problem)
             return
         if body.get("model") not in self.server.models:
             self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")

@@ -146,7 +146,7 @@ async def test_malformed_actions_give_an_error_and_the_desktop_goes_on(runtime, 
     ws = await runtime.create(suite.app())
     cases = [
         (C("no_such_tool"), "unknown tool 'no_such_tool'"),
-        (C("terminal"), "terminal needs the argument 'command'"),
+        (C("terminal"), "terminal: missing argument 'command'"),
         (C("terminal", command="ls", timeout_s=-1), "timeout_s must be in"),
         (C("editor_replace", find="a", replace="b"), "no file is open in the editor"),
         (C("editor_save"), "no file is open in the editor"),
@@ -165,7 +165,7 @@ async def test_malformed_actions_give_an_error_and_the_desktop_goes_on(runtime, 
     for call, message in [
         (C("sheet_set", cell="A0", value="1"), "'A0' is not a cell name"),
         (C("sheet_set", cell="B2", value="=SUM(B2:"), "bad formula"),
-        (C("sheet_set", cell="B2", value=["x"]), "'value' must be"),
+        (C("sheet_set", cell="B2", value=["x"]), "sheet_set: value must be str or int or a number, got ['x']"),
         (C("sheet_get", cell="ZZZZ1"), "is not a cell name"),
     ]:
         obs = await ws.execute(call)

@@ -278,6 +278,12 @@ class Language:
     def null_action(self) -> ToolCall:
         return ToolCall(name="done", args={"gave_up": True})
 
+    def normalize(self, call: ToolCall) -> ToolCall:
+        """The schema's normal form: ``go`` has a default ``speed``; a ToolCall of another tool is refused."""
+        if call.name not in ("go", "done"):
+            raise ActionError(f"unknown tool {call.name!r}")
+        return ToolCall(name="go", args={"speed": 1, **call.args}) if call.name == "go" else call
+
 
 def episode(max_steps: int = 2) -> Episode:
     task = SuiteTask(suite="toy", id="t", template="x", instruction="go somewhere", path="-", reference=[])
@@ -289,7 +295,7 @@ def test_an_episode_acts_records_and_ends_on_the_final_action() -> None:
     e = episode()
     d = Decision(action="go 3", reasoning_s=0.5, token_ids=[1, 2], logprobs=[-0.1, -0.2])
     move = e.next_move(d)
-    assert move == Act(call=ToolCall(name="go", args={"n": 3}), text="go 3")
+    assert move == Act(call=ToolCall(name="go", args={"n": 3, "speed": 1}), text="go 3")  # normalised
     e.record(d, move, move.call, Observation(output="moved"), 0.25)  # type: ignore[union-attr]
     assert e.context.observations == ["start", "moved"] and e.context.actions == ["go 3"] and e.context.step == 1
     assert e.trajectory.steps[0].token_ids == [1, 2] and e.trajectory.steps[0].tool_s == 0.25
@@ -311,3 +317,5 @@ def test_an_episode_that_reaches_its_step_limit_stops_with_the_null_action() -> 
 def test_an_action_outside_the_language_is_an_action_error() -> None:
     with pytest.raises(ActionError):
         episode().next_move(Decision(action="fly away"))
+    with pytest.raises(ActionError):  # a tool call the policy made up is checked by the suite's schema too
+        episode().next_move(Decision(action=ToolCall(name="_put_file", args={"path": "/etc/passwd"})))

@@ -19,9 +19,13 @@ from typing import Any
 
 import pytest
 
+from bunshin.envs.desktop.suite import DesktopSuite
+from bunshin.envs.desktop.tools import SCHEMA as DESKTOP_SCHEMA
 from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.base import ActionError
+from bunshin.envs.webshop.tools import SCHEMA as WEBSHOP_SCHEMA
 from bunshin.policies.base import Decision, PolicyContext, PolicyError
-from bunshin.policies.openai import ACT_TOOL, OpenAIPolicy, strip_fences
+from bunshin.policies.openai import ACT_TOOL, SUITE_TOOL_PROMPTS, OpenAIPolicy, strip_fences, suite_tools
 from tests.openai_server import logprob_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,6 +246,86 @@ async def test_other_tool_calls_and_malformed_arguments(openai_server) -> None:
     assert server.chat_bodies()[0]["tools"] == [ACT_TOOL, sheet_tool]
 
 
+@pytest.mark.asyncio
+async def test_the_suite_s_own_tools_generated_from_its_schema(openai_server) -> None:
+    server = openai_server([
+        {"tool": "click", "arguments": {"element_id": 12}},
+        {"tool": "type", "arguments": {"element_id": 7, "text": "blender"}, "content": "Searching."},
+        {"tool": "stop", "arguments": {"answer": "$25.99"}},
+        {"tool": "sheet_set", "arguments": {"cell": "B7", "value": "=SUM(B2:B6)"}},
+        {"tool": "DONE", "arguments": {}},
+    ])
+    policy = OpenAIPolicy(server.url, "test-model", tools="suite")
+    try:
+        web = [(await policy.decide(context())).action for _ in range(3)]
+        desk = [(await policy.decide(context("desktop"))).action for _ in range(2)]
+    finally:
+        await policy.close()
+    assert web == [ToolCall(name="click", args={"element_id": 12}),
+                   ToolCall(name="type", args={"element_id": 7, "text": "blender"}),
+                   ToolCall(name="stop", args={"answer": "$25.99"})]
+    assert desk == [ToolCall(name="sheet_set", args={"cell": "B7", "value": "=SUM(B2:B6)"}), ToolCall(name="DONE")]
+    assert WEBSHOP_SCHEMA.normalize(web[1]).args["press_enter_after"] is True  # what the suite makes of it
+    assert DesktopSuite(cache_mb=8).is_final(desk[1])
+    bodies = server.chat_bodies()  # the server accepted the generated definitions (it checks them)
+    assert all(b["tools"] == suite_tools("webshop") and b["tool_choice"] == "auto" for b in bodies[:3])
+    assert all(b["tools"] == suite_tools("desktop") for b in bodies[3:])
+    assert [t["function"]["name"] for t in bodies[0]["tools"]] == list(WEBSHOP_SCHEMA.names)
+    assert [t["function"]["name"] for t in bodies[3]["tools"]] == list(DESKTOP_SCHEMA.names)
+    assert bodies[0]["messages"][0]["content"] == SUITE_TOOL_PROMPTS["webshop"] and "`act`" not in str(bodies[0])
+    assert bodies[3]["messages"][0]["content"] == SUITE_TOOL_PROMPTS["desktop"]
+
+
+@pytest.mark.asyncio
+async def test_a_call_of_a_tool_that_was_not_offered_goes_to_the_suite_as_text(openai_server) -> None:
+    server = openai_server([
+        {"tool": "_read_file", "arguments": {"path": "/var/lib/desktop/expected/x.csv"}},  # an internal tool
+        {"tool": "terminal", "arguments": {"command": "ls"}},  # a real tool, though only `act` was offered
+        {"tool": "_put_file", "arguments": {"path": "/etc/passwd", "content": "x"}},
+    ])
+    act_only = OpenAIPolicy(server.url, "test-model")
+    suite_tools_policy = OpenAIPolicy(server.url, "test-model", tools="suite")
+    suite = DesktopSuite(cache_mb=8)
+    try:
+        internal = (await act_only.decide(context("desktop"))).action
+        terminal = (await act_only.decide(context("desktop"))).action
+        put = (await suite_tools_policy.decide(context("desktop"))).action
+    finally:
+        await act_only.close()
+        await suite_tools_policy.close()
+    assert isinstance(internal, str) and json.loads(internal) == {
+        "name": "_read_file", "args": {"path": "/var/lib/desktop/expected/x.csv"}}
+    with pytest.raises(ActionError, match="unknown tool '_read_file'"):
+        suite.parse_action(internal)
+    assert suite.parse_action(terminal) == ToolCall(name="terminal", args={"command": "ls"})
+    with pytest.raises(ActionError, match="unknown tool '_put_file'"):
+        suite.parse_action(put)
+
+
+@pytest.mark.asyncio
+async def test_tool_definitions_a_server_refuses_are_a_policy_error(openai_server) -> None:
+    server = openai_server([{"action": "click [1]"}])
+    bad = {"type": "function", "function": {"name": "bad name", "parameters": {"type": "object"}}}
+    referencing = {"type": "function", "function": {"name": "x", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}}
+    for tools, what in ((bad, "must match"), (referencing, "$ref")):
+        policy = OpenAIPolicy(server.url, "test-model", tools=[tools])
+        try:
+            with pytest.raises(PolicyError, match="HTTP 400") as info:
+                await policy.decide(context())
+            assert what in str(info.value)
+        finally:
+            await policy.close()
+    unknown = OpenAIPolicy(server.url, "test-model", tools="suite")
+    try:
+        with pytest.raises(PolicyError, match="no tool schema for suite 'chess'"):
+            await unknown.decide(context("chess"))
+    finally:
+        await unknown.close()
+    with pytest.raises(ValueError, match="tools must be"):
+        OpenAIPolicy(server.url, "test-model", tools="all")  # type: ignore[arg-type]
+
+
 # -- the request ----------------------------------------------------------------------------------------------------
 
 
@@ -273,6 +357,8 @@ async def test_request_carries_prompt_instruction_observation_tools_and_flags(op
     assert "Find the price of the Acme Blender." in latest and "OBS-TWO" in latest
     assert "OBS-ZERO" not in json.dumps(web["messages"])
     assert "terminal:" in desk["messages"][0]["content"] and "DONE" in desk["messages"][0]["content"]
+    assert WEBSHOP_SCHEMA.listing() in system  # the actions are listed from the schema, not by hand
+    assert DESKTOP_SCHEMA.listing() in desk["messages"][0]["content"]
     assert [m["role"] for m in desk["messages"]] == ["system", "user"]
     assert "Sum column B of sales.csv." in desk["messages"][-1]["content"]
     assert "Terminal window open" in desk["messages"][-1]["content"]

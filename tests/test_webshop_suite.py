@@ -51,10 +51,19 @@ def by_template(suite: WebShopSuite, template: str, index: int = 0):
     return [t for t in suite.tasks() if t.template == template][index]
 
 
+TEMPLATE_NAMES = ("review_count", "product_attribute", "cheapest_in_category", "order_total", "search_for",
+                  "category_sorted", "add_to_cart", "checkout", "write_review", "unachievable")
+
+
 def test_tasks_cover_ten_templates_and_seventy_tasks() -> None:
     suite = WebShopSuite()
     tasks = suite.tasks()
-    assert len(tasks) >= 60 and len({t.template for t in tasks}) >= 8
+    assert len(tasks) == 70 and len({t.id for t in tasks}) == 70
+    by_template: dict[str, int] = {}
+    for t in tasks:
+        by_template[t.template] = by_template.get(t.template, 0) + 1
+    assert by_template == {name: 7 for name in TEMPLATE_NAMES}  # the ten templates, seven tasks each
+    assert tuple(generator.TEMPLATES) == TEMPLATE_NAMES
     kinds = {k for t in tasks for k in webarena.load_task(t.path).eval.eval_types}
     assert kinds == {"string_match", "url_match", "program_html"}
     assert all(suite.is_final(t.reference[-1]) for t in tasks)

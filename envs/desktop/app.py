@@ -1,31 +1,25 @@
 """The embedded desktop (OSWorld stand-in) as a workspace application: a home directory with task files, a terminal,
 a text editor and a spreadsheet with live in-memory state, and a rendered 1920x1080 screen.
 
-Owns: the tools an agent uses (below), the internal tools the suite uses for setup and evaluation (names starting
-with ``_``; ``DesktopSuite.parse_action`` never produces them), the shared warmed-up session cache, and the
-per-step private state (window textures, scrollback, undo history).
+Owns: the agent's tools (``tools.SCHEMA``: their arguments are decoded through it, a call that does not fit is a
+``ToolError`` naming the tool and the argument; ``DONE``/``FAIL`` end the episode and are handled by the suite,
+never executed here), the internal tools the suite uses for setup and evaluation (names starting with ``_``;
+``DesktopSuite.parse_action`` never produces them), windows and observations, and the per-step private state
+(window textures, scrollback, undo history). The shared warmed-up session cache is ``session_cache.py``; how files
+are read and written for the agent and the grader (never through a symlink, never a FIFO, only what the agent may
+open) is ``files.py``.
 
-Agent tools (``ToolCall.name`` -> args):
-
-- ``terminal`` {"command": str, "timeout_s"?: number (default 30, at most 300)}: runs as the agent user (uid 65000)
-  in the terminal's current directory (``cd`` persists), output appended to the scrollback; the observation's
-  output is this command's output.
-- ``editor_open`` {"path"}, ``editor_replace`` {"find", "replace", "count"?}, ``editor_insert`` {"line", "text"},
-  ``editor_delete_lines`` {"start", "end"?}, ``editor_undo`` {}, ``editor_save`` {"path"?} (save as),
-  ``editor_close`` {"path"?}; edits act on the active buffer (the last opened or saved).
-- ``sheet_open`` {"path"} (CSV), ``sheet_set`` {"cell", "value"} (``=`` starts a formula), ``sheet_get``
-  {"cell"}, ``sheet_save`` {"path"?} (CSV of computed values), ``sheet_close`` {"path"?}.
-- ``search_files`` {"query"}: the session's file-search index (like ``locate``), at most 50 paths.
-- ``WAIT`` {"seconds"?: default 1, at most 30}.
-- ``DONE`` / ``FAIL`` end the episode and are handled by the suite, never executed here.
+The terminal runs commands as the agent user (uid 65000) in its current directory (``cd`` persists), output
+appended to the scrollback; the observation's output is the command's output. Edits act on the active buffer or
+sheet (the last opened or saved) unless a ``path`` names another open one.
 
 Every agent tool's observation carries ``data["a11y"]`` (an accessibility-tree-like text of the open windows) and
 ``data["screenshot"]`` (PNG, 1920x1080) unless ``screenshots=False``.
 
 Paths given to the editor and the spreadsheet are relative to the home directory (``~/`` too) and must resolve
 inside ``/home/agent`` or ``/tmp``: the host reads and writes as root, so this is what keeps ``/var/lib/desktop``
-(the task's private expected files, mode 0700) out of the agent's reach. Files are never kept open (a fork needs
-no re-opening).
+(the task's private expected files, mode 0700) out of the agent's reach (``files.resolve_user_path``). Files are
+never kept open (a fork needs no re-opening).
 
 Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 
@@ -57,224 +51,28 @@ from __future__ import annotations
 import os
 import pickle
 import shlex
-import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ..app import AppContext, HugeHeap, Tool, ToolError, WorkspaceApp
-from ..records import Observation
+from ..app import AppContext, Tool, ToolError, WorkspaceApp
+from ..records import Observation, ToolCall
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
+from ..suites.base import ActionError
 from . import home
+from . import tools as agent_tools
 from .editor import Buffer
+from .files import PRIVATE_DIR, directory_tree, read_bytes, read_text, resolve_user_path, write_text
 from .render import Compositor, Window, font
+from .session_cache import SessionCache
 from .spreadsheet import CellError, FormulaError, Sheet, cell_name, format_value
 from .terminal import Terminal
 
-PRIVATE_DIR = "/var/lib/desktop"
-ALLOWED_ROOTS = (AGENT_HOME, "/tmp")  # after resolving symlinks (/home/user -> /home/agent)
-MAX_FILE = 16 << 20
-MiB = 1 << 20
-
-
-# -- the session cache ------------------------------------------------------------------------------------------------
-
-
-def _walk_names(root: str, out: list[bytes]) -> None:
-    try:
-        it = os.scandir(root)
-    except OSError:
-        return
-    with it:
-        entries = sorted(it, key=lambda e: e.name)
-    for e in entries:
-        try:
-            is_dir = e.is_dir(follow_symlinks=False)
-        except OSError:
-            is_dir = False
-        if is_dir:
-            out.append(os.fsencode(e.path) + b"/\n")
-            _walk_names(e.path, out)
-        else:
-            out.append(os.fsencode(e.path) + b"\n")
-
-
-def _glyphs() -> bytes:
-    from PIL import ImageFont
-
-    parts = []
-    for size in range(10, 42, 2):
-        f = ImageFont.load_default(size=size)
-        for code in range(32, 127):
-            mask = f.getmask(chr(code))
-            w, h = mask.size
-            parts.append(size.to_bytes(2, "little") + code.to_bytes(2, "little") + w.to_bytes(2, "little")
-                         + h.to_bytes(2, "little") + bytes(mask))
-    return b"".join(parts)
-
-
-class SessionCache:
-    """What a desktop session holds after login, packed in one huge-page heap: the file-search index, the glyph
-    cache and the icon cache. Built once, then only read."""
-
-    def __init__(self, cache_mb: float, index_roots: tuple[str, ...]):
-        import numpy as np
-
-        names: list[bytes] = []
-        for root in index_roots:
-            _walk_names(root, names)
-        index = b"\n" + b"".join(names)
-        glyphs = _glyphs()
-        fixed = len(index) + len(glyphs)
-        size = max(int(cache_mb * MiB), fixed + 4096)
-        size = (size + 4095) // 4096 * 4096
-        self.heap = HugeHeap(size)
-        m = self.heap.map
-        m[0:len(index)] = index
-        self.index_end = len(index)
-        m[self.index_end:fixed] = glyphs
-        icons_start = (fixed + 4095) // 4096 * 4096
-        pages = (size - icons_start) // 4096
-        self.icons = pages * 4096 // (128 * 128 * 4)
-        if pages:
-            view = np.frombuffer(m, dtype=np.uint8, count=pages * 4096, offset=icons_start).reshape(pages, 4096)
-            x = np.arange(4096, dtype=np.uint32)
-            step = 4096
-            for start in range(0, pages, step):  # icon pixels: gradients that differ on every page
-                p = np.arange(start, min(start + step, pages), dtype=np.uint32)[:, None]
-                view[start:start + len(p)] = ((x * (1 + p % 7) + p * 13 + (x >> 9) * (p % 11)) & 0xFF).astype(np.uint8)
-            stamp = np.frombuffer(m, dtype=np.uint64, count=pages * 512, offset=icons_start).reshape(pages, 512)
-            stamp[:, 0] = np.arange(pages, dtype=np.uint64) + 0x1C0_0000_0000
-        self.size = size
-
-    def search(self, query: str, limit: int = 50) -> list[str]:
-        q = query.encode()
-        m, found, pos = self.heap.map, [], 0
-        while len(found) < limit:
-            pos = m.find(q, pos, self.index_end)
-            if pos < 0:
-                break
-            start = m.rfind(b"\n", 0, pos) + 1
-            end = m.find(b"\n", pos, self.index_end)
-            found.append(m[start:end].decode("utf-8", "replace"))
-            pos = end + 1
-        return found
-
-    def close(self) -> None:
-        self.heap.close()
-
-
-# -- the application ---------------------------------------------------------------------------------------------------
-
-
-def _arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...], tool: str, default: Any = ...) -> Any:
-    if name not in args:
-        if default is ...:
-            raise ToolError(f"{tool} needs the argument {name!r}")
-        return default
-    value = args[name]
-    if isinstance(value, bool) and kind in (int, float, (int, float)):
-        raise ToolError(f"{tool}: {name!r} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
-    if not isinstance(value, kind):
-        what = kind.__name__ if isinstance(kind, type) else "a number"
-        raise ToolError(f"{tool}: {name!r} must be {what}, got {value!r}")
-    return value
-
-
-def _no_extra(args: dict[str, Any], allowed: set[str], tool: str) -> None:
-    extra = set(args) - allowed
-    if extra:
-        raise ToolError(f"{tool} got unknown arguments {sorted(extra)} (takes {sorted(allowed)})")
-
-
-def resolve_user_path(path: str) -> str:
-    """An editor/spreadsheet path as the agent may name it, resolved; ``ToolError`` outside the agent's files."""
-    if not isinstance(path, str) or not path.strip():
-        raise ToolError("'path' must be a non-empty string")
-    p = path.strip()
-    if p == "~" or p.startswith("~/"):
-        p = AGENT_HOME + p[1:]
-    if not p.startswith("/"):
-        p = os.path.join(AGENT_HOME, p)
-    real = os.path.realpath(p)
-    if not any(real == r or real.startswith(r + "/") for r in ALLOWED_ROOTS):
-        raise ToolError(f"{path}: permission denied (the editor opens files under {AGENT_HOME} or /tmp)")
-    return real
-
-
-def _open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
-    """Open a resolved absolute path walking it one component at a time without following any symlink: an agent
-    that swaps a directory for a symlink after the path was checked makes the open fail instead of redirecting a
-    root-owned write (or read) outside its files."""
-    parts = [p for p in path.split("/") if p]
-    if not parts:
-        raise ToolError(f"{path} is a directory")
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
-    except FileNotFoundError:
-        raise ToolError(f"{path}: no such file or directory") from None
-    except IsADirectoryError:
-        raise ToolError(f"{path} is a directory") from None
-    except OSError as exc:
-        raise ToolError(f"{path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def _read_bytes(path: str) -> bytes:
-    """A regular file's bytes, opened without following any symlink on the way (see ``_open_nofollow``)."""
-    fd = _open_nofollow(path, os.O_RDONLY)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ToolError(f"{path} is a directory" if stat.S_ISDIR(st.st_mode) else f"{path} is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > MAX_FILE:
-            raise ToolError(f"{path} is too large to open ({st.st_size} bytes)")
-        return f.read(MAX_FILE + 1)
-
-
-def _read_text(path: str) -> str:
-    data = _read_bytes(path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(f"{path} is not a UTF-8 text file") from None
-
-
-def _write_text(path: str, text: str) -> None:
-    if os.path.isdir(path):
-        raise ToolError(f"{path} is a directory")
-    existed = os.path.exists(path)
-    fd = _open_nofollow(path, os.O_WRONLY | os.O_CREAT)
-    with os.fdopen(fd, "wb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ToolError(f"{path} is not a regular file")
-        f.truncate(0)
-        f.write(text.encode("utf-8"))
-        if not existed:
-            os.fchown(f.fileno(), AGENT_UID, AGENT_GID)
+__all__ = ["PRIVATE_DIR", "DesktopApp"]
 
 
 def _q(text: str, limit: int = 200) -> str:
     return text[:limit].replace("\\", "\\\\").replace('"', '\\"')
-
-
-def directory_tree(path: str) -> dict[str, Any]:
-    """OSWorld's directory tree (``list_directory``): name, type, children; children sorted by name."""
-    tree: dict[str, Any] = {"name": os.path.basename(path.rstrip("/")) or "/", "type": "directory", "children": []}
-    with os.scandir(path) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for e in entries:
-        if e.is_dir(follow_symlinks=False):
-            tree["children"].append(directory_tree(e.path))
-        else:
-            tree["children"].append({"name": e.name, "type": "file"})
-    return tree
 
 
 class DesktopApp(WorkspaceApp):
@@ -352,7 +150,7 @@ class DesktopApp(WorkspaceApp):
             self.cache.close()
 
     def tools(self) -> dict[str, Tool]:
-        agent = {
+        agent: dict[str, Callable[[Any], Observation]] = {
             "terminal": self._terminal, "WAIT": self._wait, "search_files": self._search_files,
             "editor_open": self._editor_open, "editor_replace": self._editor_replace,
             "editor_insert": self._editor_insert, "editor_delete_lines": self._editor_delete_lines,
@@ -360,6 +158,7 @@ class DesktopApp(WorkspaceApp):
             "sheet_open": self._sheet_open, "sheet_set": self._sheet_set, "sheet_get": self._sheet_get,
             "sheet_save": self._sheet_save, "sheet_close": self._sheet_close,
         }
+        assert set(agent) == set(agent_tools.SCHEMA.names) - agent_tools.FINAL, "the schema and the app drifted"
         tools: dict[str, Tool] = {name: self._screen_after(name, fn) for name, fn in agent.items()}
         tools.update({"_exec": self._exec, "_read_file": self._read_file, "_list_directory": self._list_directory,
                       "_terminal_output": self._terminal_output, "_put_file": self._put_file,
@@ -448,26 +247,25 @@ class DesktopApp(WorkspaceApp):
                 del self.recording[:-self.recording_frames]
         return Observation(output=obs.output, exit_code=obs.exit_code, error=obs.error, data=data)
 
-    def _screen_after(self, name: str, fn: Tool) -> Tool:
+    def _screen_after(self, name: str, fn: Callable[[Any], Observation]) -> Tool:
+        """The agent tool ``name``: its arguments decoded through the schema (a mismatch is a ``ToolError`` naming
+        the tool and the argument), then ``fn``, then the screen."""
         def tool(args: dict[str, Any]) -> Observation:
-            if not isinstance(args, dict):
-                raise ToolError(f"{name} takes an object of arguments")
-            return self.observe(fn(args))
+            try:
+                decoded = agent_tools.SCHEMA.decode(ToolCall(name=name, args=args))
+            except ActionError as exc:
+                raise ToolError(str(exc)) from exc
+            return self.observe(fn(decoded))
         return tool
 
     def _screen(self, args: dict[str, Any]) -> Observation:
         return self.observe(Observation(output=self.terminal.text))
 
     # -- terminal -----------------------------------------------------------------------------------------------
-    def _terminal(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"command", "timeout_s"}, "terminal")
-        command = _arg(args, "command", str, "terminal")
-        timeout = _arg(args, "timeout_s", (int, float), "terminal", 30.0)
-        if not 0 < timeout <= 300:
-            raise ToolError(f"terminal: timeout_s must be in (0, 300], got {timeout!r}")
+    def _terminal(self, a: agent_tools.TerminalArgs) -> Observation:
         self.terminal.begin()
-        result = self.ctx_run(self.terminal.wrap(command), float(timeout))
-        output = self.terminal.record(command, result.output)
+        result = self.ctx_run(self.terminal.wrap(a.command), a.timeout_s)
+        output = self.terminal.record(a.command, result.output)
         if result.error:
             self.terminal.append(f"[{result.error}]")
         self._touch("terminal")
@@ -476,27 +274,20 @@ class DesktopApp(WorkspaceApp):
     def ctx_run(self, cmd: str, timeout: float) -> Observation:
         return self.ctx.run_agent(cmd, timeout)
 
-    def _wait(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"seconds"}, "WAIT")
-        seconds = _arg(args, "seconds", (int, float), "WAIT", 1.0)
-        if not 0 <= seconds <= 30:
-            raise ToolError(f"WAIT: seconds must be in [0, 30], got {seconds!r}")
-        time.sleep(seconds)
+    def _wait(self, a: agent_tools.WaitArgs) -> Observation:
+        time.sleep(a.seconds)
         return Observation(output="")
 
-    def _search_files(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"query"}, "search_files")
-        query = _arg(args, "query", str, "search_files")
-        if not query or "\n" in query:
-            raise ToolError("search_files: 'query' must be a non-empty single line")
+    def _search_files(self, a: agent_tools.SearchFilesArgs) -> Observation:
         assert self.cache is not None
-        hits = self.cache.search(query)
+        hits = self.cache.search(a.query)
         return Observation(output="\n".join(hits), data={"count": len(hits)})
 
     # -- editor -------------------------------------------------------------------------------------------------
-    def _buffer(self, args: dict[str, Any], tool: str) -> tuple[str, Buffer]:
-        if "path" in args:
-            path = resolve_user_path(_arg(args, "path", str, tool))
+    def _buffer(self, path: str | None, tool: str) -> tuple[str, Buffer]:
+        """The open buffer ``path`` names, or the active one (``None``)."""
+        if path is not None:
+            path = resolve_user_path(path)
             if path not in self.buffers:
                 raise ToolError(f"{tool}: {path} is not open in the editor")
             return path, self.buffers[path]
@@ -506,11 +297,10 @@ class DesktopApp(WorkspaceApp):
                 return path, self.buffers[path]
         raise ToolError(f"{tool}: no file is open in the editor (use editor_open first)")
 
-    def _editor_open(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "editor_open")
-        path = resolve_user_path(_arg(args, "path", str, "editor_open"))
+    def _editor_open(self, a: agent_tools.EditorOpenArgs) -> Observation:
+        path = resolve_user_path(a.path)
         if path not in self.buffers:
-            text = _read_text(path) if os.path.exists(path) else ""
+            text = read_text(path) if os.path.exists(path) else ""
             self.buffers[path] = Buffer(path, text, self.undo_depth)
         self._touch(f"editor:{path}")
         buf = self.buffers[path]
@@ -520,56 +310,42 @@ class DesktopApp(WorkspaceApp):
         self._touch(f"editor:{path}")
         return Observation(output=message)
 
-    def _editor_replace(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"find", "replace", "count", "path"}, "editor_replace")
-        find = _arg(args, "find", str, "editor_replace")
-        replace = _arg(args, "replace", str, "editor_replace")
-        count = _arg(args, "count", int, "editor_replace", None)
-        if count is not None and count < 1:
-            raise ToolError(f"editor_replace: count must be >= 1, got {count}")
-        path, buf = self._buffer(args, "editor_replace")
+    def _editor_replace(self, a: agent_tools.EditorReplaceArgs) -> Observation:
+        path, buf = self._buffer(a.path, "editor_replace")
         try:
-            n = buf.replace(find, replace, count)
+            n = buf.replace(a.find, a.replace, a.count)
         except ValueError as exc:
-            raise ToolError(f"editor_replace: {exc}") from None
+            raise ToolError(f"editor_replace: {exc}") from exc
         return self._edited(path, f"replaced {n} occurrence(s) in {path}")
 
-    def _editor_insert(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"line", "text", "path"}, "editor_insert")
-        line = _arg(args, "line", int, "editor_insert")
-        text = _arg(args, "text", str, "editor_insert")
-        path, buf = self._buffer(args, "editor_insert")
+    def _editor_insert(self, a: agent_tools.EditorInsertArgs) -> Observation:
+        path, buf = self._buffer(a.path, "editor_insert")
         try:
-            buf.insert(line, text)
+            buf.insert(a.line, a.text)
         except ValueError as exc:
-            raise ToolError(f"editor_insert: {exc}") from None
-        return self._edited(path, f"inserted {text.count(chr(10)) + 1} line(s) at line {line} of {path}")
+            raise ToolError(f"editor_insert: {exc}") from exc
+        return self._edited(path, f"inserted {a.text.count(chr(10)) + 1} line(s) at line {a.line} of {path}")
 
-    def _editor_delete_lines(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"start", "end", "path"}, "editor_delete_lines")
-        start = _arg(args, "start", int, "editor_delete_lines")
-        end = _arg(args, "end", int, "editor_delete_lines", start)
-        path, buf = self._buffer(args, "editor_delete_lines")
+    def _editor_delete_lines(self, a: agent_tools.EditorDeleteLinesArgs) -> Observation:
+        path, buf = self._buffer(a.path, "editor_delete_lines")
         try:
-            n = buf.delete_lines(start, end)
+            n = buf.delete_lines(a.start, a.start if a.end is None else a.end)
         except ValueError as exc:
-            raise ToolError(f"editor_delete_lines: {exc}") from None
+            raise ToolError(f"editor_delete_lines: {exc}") from exc
         return self._edited(path, f"deleted {n} line(s) from {path}")
 
-    def _editor_undo(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "editor_undo")
-        path, buf = self._buffer(args, "editor_undo")
+    def _editor_undo(self, a: agent_tools.EditorUndoArgs) -> Observation:
+        path, buf = self._buffer(a.path, "editor_undo")
         try:
             buf.undo_last()
         except ValueError as exc:
-            raise ToolError(f"editor_undo: {exc}") from None
+            raise ToolError(f"editor_undo: {exc}") from exc
         return self._edited(path, f"undid the last edit of {path}")
 
-    def _editor_save(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "editor_save")
-        path, buf = self._buffer({}, "editor_save")
-        target = resolve_user_path(args["path"]) if "path" in args else path
-        _write_text(target, buf.text)
+    def _editor_save(self, a: agent_tools.EditorSaveArgs) -> Observation:
+        path, buf = self._buffer(None, "editor_save")
+        target = resolve_user_path(a.path) if a.path is not None else path
+        write_text(target, buf.text)
         if target != path:  # save as: the buffer now edits the new file
             if target in self.buffers:
                 self._drop(f"editor:{target}")
@@ -581,17 +357,17 @@ class DesktopApp(WorkspaceApp):
         self._touch(f"editor:{target}")
         return Observation(output=f"saved {target}")
 
-    def _editor_close(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "editor_close")
-        path, buf = self._buffer(args, "editor_close")
+    def _editor_close(self, a: agent_tools.EditorCloseArgs) -> Observation:
+        path, buf = self._buffer(a.path, "editor_close")
         self._drop(f"editor:{path}")
         del self.buffers[path]
         return Observation(output=f"closed {path}" + (" (unsaved changes discarded)" if buf.modified else ""))
 
     # -- spreadsheet --------------------------------------------------------------------------------------------
-    def _sheet(self, args: dict[str, Any], tool: str) -> tuple[str, Sheet]:
-        if "path" in args:
-            path = resolve_user_path(_arg(args, "path", str, tool))
+    def _sheet(self, path: str | None, tool: str) -> tuple[str, Sheet]:
+        """The open sheet ``path`` names, or the active one (``None``)."""
+        if path is not None:
+            path = resolve_user_path(path)
             if path not in self.sheets:
                 raise ToolError(f"{tool}: {path} is not open in the spreadsheet")
             return path, self.sheets[path]
@@ -601,48 +377,41 @@ class DesktopApp(WorkspaceApp):
                 return path, self.sheets[path]
         raise ToolError(f"{tool}: no sheet is open (use sheet_open first)")
 
-    def _sheet_open(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "sheet_open")
-        path = resolve_user_path(_arg(args, "path", str, "sheet_open"))
+    def _sheet_open(self, a: agent_tools.SheetOpenArgs) -> Observation:
+        path = resolve_user_path(a.path)
         if path not in self.sheets:
-            text = _read_text(path) if os.path.exists(path) else ""
+            text = read_text(path) if os.path.exists(path) else ""
             self.sheets[path] = Sheet.from_csv(text, os.path.basename(path))
             self.sheet_modified[path] = False
         self._touch(f"sheet:{path}")
         rows, cols = self.sheets[path].extent
         return Observation(output=f"opened {path} ({rows} rows, {cols} columns)\n{self.sheets[path].to_csv()}")
 
-    def _sheet_set(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"cell", "value", "path"}, "sheet_set")
-        cell = _arg(args, "cell", str, "sheet_set")
-        value = _arg(args, "value", (str, int, float), "sheet_set")
-        path, sheet = self._sheet(args, "sheet_set")
+    def _sheet_set(self, a: agent_tools.SheetSetArgs) -> Observation:
+        path, sheet = self._sheet(a.path, "sheet_set")
         try:
-            sheet.set(cell, value if isinstance(value, str) else format_value(value))
-            shown = format_value(sheet.value(cell))
+            sheet.set(a.cell, a.value if isinstance(a.value, str) else format_value(a.value))
+            shown = format_value(sheet.value(a.cell))
         except CellError as exc:
-            raise ToolError(f"sheet_set: {exc}") from None
+            raise ToolError(f"sheet_set: {exc}") from exc
         except FormulaError as exc:
-            raise ToolError(f"sheet_set: bad formula {value!r}: {exc}") from None
+            raise ToolError(f"sheet_set: bad formula {a.value!r}: {exc}") from exc
         self.sheet_modified[path] = True
         self._touch(f"sheet:{path}")
-        return Observation(output=f"{cell.upper()} = {shown}")
+        return Observation(output=f"{a.cell.upper()} = {shown}")
 
-    def _sheet_get(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"cell", "path"}, "sheet_get")
-        cell = _arg(args, "cell", str, "sheet_get")
-        _, sheet = self._sheet(args, "sheet_get")
+    def _sheet_get(self, a: agent_tools.SheetGetArgs) -> Observation:
+        _, sheet = self._sheet(a.path, "sheet_get")
         try:
-            raw, shown = sheet.input_of(cell), format_value(sheet.value(cell))
+            raw, shown = sheet.input_of(a.cell), format_value(sheet.value(a.cell))
         except CellError as exc:
-            raise ToolError(f"sheet_get: {exc}") from None
+            raise ToolError(f"sheet_get: {exc}") from exc
         return Observation(output=shown, data={"input": format_value(raw)})
 
-    def _sheet_save(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "sheet_save")
-        path, sheet = self._sheet({}, "sheet_save")
-        target = resolve_user_path(args["path"]) if "path" in args else path
-        _write_text(target, sheet.to_csv())
+    def _sheet_save(self, a: agent_tools.SheetSaveArgs) -> Observation:
+        path, sheet = self._sheet(None, "sheet_save")
+        target = resolve_user_path(a.path) if a.path is not None else path
+        write_text(target, sheet.to_csv())
         if target != path:
             if target in self.sheets:
                 self._drop(f"sheet:{target}")
@@ -654,9 +423,8 @@ class DesktopApp(WorkspaceApp):
         self._touch(f"sheet:{target}")
         return Observation(output=f"saved {target}")
 
-    def _sheet_close(self, args: dict[str, Any]) -> Observation:
-        _no_extra(args, {"path"}, "sheet_close")
-        path, _ = self._sheet(args, "sheet_close")
+    def _sheet_close(self, a: agent_tools.SheetCloseArgs) -> Observation:
+        path, _ = self._sheet(a.path, "sheet_close")
         self._drop(f"sheet:{path}")
         del self.sheets[path]
         modified = self.sheet_modified.pop(path, False)
@@ -679,8 +447,8 @@ class DesktopApp(WorkspaceApp):
         path = os.path.normpath(str(args["path"]))
         if path == "/home/user" or path.startswith("/home/user/"):
             path = AGENT_HOME + path[len("/home/user"):]
-        try:
-            data = _read_bytes(path)
+        try:  # what the agent left is read only if the agent could read it (a hard link to a private file is not)
+            data = read_bytes(path, as_agent=not path.startswith(PRIVATE_DIR + "/"))
         except ToolError as exc:
             return Observation(error=str(exc), data={"content": None})
         return Observation(output=f"{len(data)} bytes", data={"content": data})

@@ -7,7 +7,8 @@ files carry unused keys; a real OSWorld file has no reference solution: its ``Su
 then OSWorld's ``config`` steps), the action language, and scoring.
 
 Action language (``parse_action``): OSWorld's special actions ``WAIT``, ``DONE``, ``FAIL``; a JSON object
-``{"name": "<tool>", "args": {...}}`` for any agent tool of ``DesktopApp`` (see envs/desktop/app.py); and a compact
+``{"name": "<tool>", "args": {...}}`` for any agent tool (``tools.SCHEMA``: names, arguments, types, defaults;
+every parsed action is checked against it, and so is every reference step); and a compact
 form ``<tool>: <text>`` for the tools whose one argument is text: ``terminal: ls -la`` (command),
 ``editor_open: ~/notes.txt``, ``sheet_open:``, ``editor_save:``, ``sheet_save:`` (path), ``search_files:`` (query),
 ``WAIT: 2`` (seconds). The null attempt is ``FAIL`` at once (giving up: 1 only on infeasible tasks, which are
@@ -29,53 +30,49 @@ import msgspec
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import osworld as ow
 from ..suites.base import ActionError, Suite, SuiteTask
+from ..suites.tools import check_action_text
 from ..suites.webarena import TaskFileError
 from ..workspace import Workspace
+from . import tools as agent_tools
 from .getters import SetupError, evaluate_task, run_setup_step
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 APP_TARGET = "bunshin.envs.desktop.app:DesktopApp"
-FINAL = frozenset({"DONE", "FAIL"})
-
-# tool -> (required args, optional args); a type per argument
-NUMBER = (int, float)
-SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "terminal": ({"command": str}, {"timeout_s": NUMBER}),
-    "editor_open": ({"path": str}, {}),
-    "editor_replace": ({"find": str, "replace": str}, {"count": int, "path": str}),
-    "editor_insert": ({"line": int, "text": str}, {"path": str}),
-    "editor_delete_lines": ({"start": int}, {"end": int, "path": str}),
-    "editor_undo": ({}, {"path": str}),
-    "editor_save": ({}, {"path": str}),
-    "editor_close": ({}, {"path": str}),
-    "sheet_open": ({"path": str}, {}),
-    "sheet_set": ({"cell": str, "value": (str, int, float)}, {"path": str}),
-    "sheet_get": ({"cell": str}, {"path": str}),
-    "sheet_save": ({}, {"path": str}),
-    "sheet_close": ({}, {"path": str}),
-    "search_files": ({"query": str}, {}),
-    "WAIT": ({}, {"seconds": NUMBER}),
-    "DONE": ({}, {}),
-    "FAIL": ({}, {}),
-}
+FINAL = agent_tools.FINAL
+SPECIAL = ("WAIT", "DONE", "FAIL")  # OSWorld's special actions, written alone
 COMPACT = {"terminal": "command", "editor_open": "path", "sheet_open": "path", "editor_save": "path",
-           "sheet_save": "path", "search_files": "query"}
+           "sheet_save": "path", "search_files": "query"}  # ``<tool>: <text>``: the one text argument
+assert all(arg in {a.name for a in agent_tools.SCHEMA.args(tool)} for tool, arg in COMPACT.items()), \
+    "a compact form names an argument the schema does not have"
+
+# A JSON action as plain values, at most three containers deep (an object, its "args" object, a list in an argument):
+# deeper nesting is refused where it starts instead of recursing through it (msgspec, like json, would recurse
+# until a RecursionError).
+_Leaf = str | int | float | bool | None
+_Inner = _Leaf | list[_Leaf] | dict[str, _Leaf]
+_json_action = msgspec.json.Decoder(dict[str, _Leaf | list[_Inner] | dict[str, _Inner]])
 
 
-def check_args(name: str, args: dict[str, Any]) -> None:
-    """``ActionError`` naming the tool and the argument when ``args`` do not fit the tool."""
-    if name not in SCHEMA:
-        raise ActionError(f"unknown action {name!r}; known: {', '.join(sorted(SCHEMA))}")
-    required, optional = SCHEMA[name]
-    for key, kind in required.items():
-        if key not in args:
-            raise ActionError(f"{name} needs the argument {key!r}")
-    for key, value in args.items():
-        kind = required.get(key, optional.get(key))
-        if kind is None:
-            raise ActionError(f"{name} takes no argument {key!r} (takes {sorted([*required, *optional])})")
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ActionError(f"{name}: argument {key!r} has the wrong type ({type(value).__name__})")
+def _decode_json_action(text: str) -> tuple[str, dict[str, Any]]:
+    """``{"name": "<tool>", "args": {...}}`` as (name, args); ``ActionError`` for anything else."""
+    try:
+        obj = _json_action.decode(text)
+    except msgspec.ValidationError as exc:
+        raise ActionError('a JSON action is {"name": "<tool>", "args": {...}} of plain values (strings, numbers, '
+                          f"booleans, at most 64-bit): {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise ActionError(f"action is not valid JSON: {exc}") from exc
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise ActionError('a JSON action is {"name": "<tool>", "args": {...}}')
+    extra = set(obj) - {"name", "args"}
+    if extra:
+        shown = sorted(repr(k if len(k) <= 40 else k[:37] + "...") for k in extra)[:5]
+        raise ActionError(f"a JSON action has only 'name' and 'args', got also {', '.join(shown)}")
+    args = obj.get("args", {})
+    if not isinstance(args, dict):
+        raise ActionError(f"'args' of {name[:60]} must be an object")
+    return name, args
 
 
 class DesktopSuite(Suite):
@@ -109,12 +106,12 @@ class DesktopSuite(Suite):
         try:
             reference = msgspec.convert(ref, list[ToolCall])
         except msgspec.ValidationError as exc:
-            raise TaskFileError(path, f"bunshin_reference: {exc}") from None
+            raise TaskFileError(path, f"bunshin_reference: {exc}") from exc
         for call in reference:
             try:
-                check_args(call.name, call.args)
+                agent_tools.SCHEMA.decode(call)
             except ActionError as exc:
-                raise TaskFileError(path, f"bunshin_reference: {exc}") from None
+                raise TaskFileError(path, f"bunshin_reference: {exc}") from exc
         if "bunshin_reference" in raw and (not reference or reference[-1].name not in FINAL):
             raise TaskFileError(path, "bunshin_reference must end with DONE or FAIL")
         template = raw.get("bunshin_template") or Path(path).parent.name
@@ -141,43 +138,45 @@ class DesktopSuite(Suite):
         return await ws.execute(ToolCall(name="_screen"))
 
     def parse_action(self, text: str) -> ToolCall:
-        if not isinstance(text, str) or not text.strip():
+        """The action as written (``WAIT: 2`` is ``{"seconds": 2.0}``), checked by the schema; ``ActionError``
+        naming the tool and the argument otherwise."""
+        s = check_action_text(text).strip()
+        if not s:
             raise ActionError("empty action; expected WAIT, DONE, FAIL, a JSON tool call or '<tool>: <text>'")
-        s = text.strip()
-        if s.upper() in ("WAIT", "DONE", "FAIL"):
+        if s.upper() in SPECIAL:
             return ToolCall(name=s.upper())
         if s.startswith("{"):
-            try:
-                obj = json.loads(s)
-            except ValueError as exc:
-                raise ActionError(f"action is not valid JSON: {exc}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ActionError('a JSON action is {"name": "<tool>", "args": {...}}')
-            extra = set(obj) - {"name", "args"}
-            if extra:
-                raise ActionError(f"a JSON action has only 'name' and 'args', got also {sorted(extra)}")
-            args = obj.get("args", {})
-            if not isinstance(args, dict):
-                raise ActionError(f"'args' of {obj['name']} must be an object")
-            check_args(obj["name"], args)
-            return ToolCall(name=obj["name"], args=args)
+            name, args = _decode_json_action(s)
+            call = ToolCall(name=name, args=args)
+        else:
+            call = self._compact(s)
+        agent_tools.SCHEMA.decode(call)
+        return call
+
+    @staticmethod
+    def _compact(s: str) -> ToolCall:
         verb, sep, rest = s.partition(":")
         verb = verb.strip()
         if sep and verb.upper() == "WAIT":
             try:
                 seconds = float(rest)
-            except ValueError:
-                raise ActionError(f"WAIT takes a number of seconds, got {rest.strip()!r}") from None
+            except ValueError as exc:
+                raise ActionError(f"WAIT takes a number of seconds, got {rest.strip()[:40]!r}") from exc
             return ToolCall(name="WAIT", args={"seconds": seconds})
         if sep and verb in COMPACT:
             value = rest.strip() if verb != "terminal" else rest.lstrip()
             if not value:
                 raise ActionError(f"{verb}: needs its {COMPACT[verb]} after ':'")
             return ToolCall(name=verb, args={COMPACT[verb]: value})
-        if sep and verb in SCHEMA:
+        if sep and verb in agent_tools.SCHEMA:
             raise ActionError(f"{verb} takes a JSON action: {{\"name\": \"{verb}\", \"args\": {{...}}}}")
-        raise ActionError(f"unknown action {verb.split()[0] if verb.split() else s[:20]!r}; known: "
-                          f"{', '.join(sorted(SCHEMA))}")
+        word = verb.split()[0] if verb.split() else s[:20]
+        raise ActionError(f"unknown action {word[:40]!r}; known: {', '.join(sorted(agent_tools.SCHEMA.names))}")
+
+    def normalize(self, call: ToolCall) -> ToolCall:
+        """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in (``path`` null: the active
+        window; ``end`` the ``start`` line), numbers of their declared types."""
+        return agent_tools.SCHEMA.normalize(call)
 
     def is_final(self, call: ToolCall) -> bool:
         return call.name in FINAL

@@ -104,7 +104,7 @@ class Cgroup:
         for d in self.dirs():
             if not d.exists():
                 continue
-            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            for sub in _subgroups(d, deepest_first=True):
                 _rmdir_retry(sub, timeout)
             _rmdir_retry(d, timeout)
 
@@ -112,7 +112,7 @@ class Cgroup:
     def procs(self, recursive: bool = True) -> list[int]:
         pids: set[int] = set()
         base = self.path("memory")
-        dirs = [base] + ([p for p in base.rglob("*") if p.is_dir()] if recursive and base.exists() else [])
+        dirs = [base] + (_subgroups(base) if recursive else [])
         for d in dirs:
             try:
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
@@ -153,15 +153,17 @@ class Cgroup:
         if not frozen:
             base = self.path("freezer") if self.layout.version == 1 else self.path("memory")
             if base.exists():
-                for sub in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                for sub in _subgroups(base, deepest_first=True):
                     self._set_frozen(sub, False)
         self._set_frozen(self.path("freezer") if self.layout.version == 1 else self.path("memory"), frozen)
 
     def _set_frozen(self, group: Path, frozen: bool) -> None:
         target = group / ("cgroup.freeze" if self.layout.version == 2 else "freezer.state")
-        if target.exists():
+        try:
             _write(target, ("1" if frozen else "0") if self.layout.version == 2 else
                    ("FROZEN" if frozen else "THAWED"))
+        except FileNotFoundError:
+            pass  # the group is gone (removed, or never had a freezer file): nothing to freeze or thaw
 
     # -- limits and counters ---------------------------------------------------------------------------------
     def set_limits(self, memory_bytes: int | None, pids: int | None) -> None:
@@ -202,8 +204,21 @@ class Cgroup:
         # Kernels count some events where they happened (an agent's subgroup), some where the limit is, some
         # hierarchically: the sum over the subtree grows whenever any of them does.
         base = self.path(controller)
-        groups = [base] + ([p for p in base.rglob("*") if p.is_dir()] if base.exists() else [])
+        groups = [base, *_subgroups(base)]
         return sum(_counter(g / name, key) for g in groups)
+
+
+def _subgroups(group: Path, deepest_first: bool = False) -> list[Path]:
+    """The groups below ``group`` (none if it is gone). Another engine may be removing the same tree (two runs
+    cleaning up one dead run): directories vanishing while we walk are simply not there."""
+    found: list[Path] = []
+    try:
+        for path in group.rglob("*"):
+            if path.is_dir():
+                found.append(path)
+    except FileNotFoundError:
+        pass
+    return sorted(found, key=lambda p: -len(p.parts)) if deepest_first else found
 
 
 def _counter(path: Path, key: str) -> int:

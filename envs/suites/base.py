@@ -71,6 +71,12 @@ class Suite(abc.ABC):
     def parse_action(self, text: str) -> ToolCall:
         """The benchmark's action text (``click [12]``, ``DONE``) as a tool call; ``ActionError`` if malformed."""
 
+    def normalize(self, call: ToolCall) -> ToolCall:
+        """``call`` in the suite's normal form: one spelling per call (defaults filled in, values of their declared
+        types), so ``canonical(normalize(call))`` is the key the engine records and matches on; ``ActionError`` for
+        a call the suite's tools refuse. Default: the call unchanged (a suite without a tool schema)."""
+        return call
+
     @abc.abstractmethod
     def is_final(self, call: ToolCall) -> bool:
         """Whether ``call`` ends the episode (``stop [...]``; ``DONE``/``FAIL``)."""

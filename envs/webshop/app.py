@@ -1,8 +1,9 @@
 """The web shop as a workspace application: the shop's HTTP server runs in a worker process (``ShopServer``), the
-text browser (``bunshin.envs.browser``) in the host, and every action of WebArena's language is a tool.
+text browser (``bunshin.envs.webshop.browser``) in the host, and every action of WebArena's language is a tool.
 
-Owns: the tools an agent has (one per WebArena verb; each answers with the page's accessibility tree and a
-screenshot), the hidden tools the suite uses to set a task up and to evaluate it (``_start``, ``_element``,
+Owns: the tools an agent has (one per WebArena verb of ``tools.SCHEMA`` but ``stop``, their arguments decoded
+through the schema; each answers with the page's accessibility tree and a screenshot), the hidden tools the suite
+uses to set a task up and to evaluate it (``_start``, ``_element``,
 ``_page_text``, ``_shop_json``, ``_url``), and re-homing the browser after a fork (its cookie jar and pages are
 plain memory and fork with the host; its connections are made per request, so nothing needs re-opening). For the
 private-restore backend, ``checkpoint``/``restore`` carry the whole browser and the server's checkpoint; the
@@ -23,8 +24,8 @@ from ..app import AppContext, Tool, ToolError, WorkspaceApp, dont_fork_into_work
 from ..records import Observation, ToolCall
 from ..runtime.workers import WorkerHandle
 from ..suites.base import ActionError
-from .browser.actions import VERBS, validate_call
 from .browser.browser import Browser, BrowserError
+from .tools import FINAL, SCHEMA
 
 _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 _CHECKPOINT_MAGIC = b"SHOPCKP1"
@@ -100,7 +101,7 @@ class ShopApp(WorkspaceApp):
             view.release()
 
     def tools(self) -> dict[str, Tool]:
-        tools: dict[str, Tool] = {verb: self._action(verb) for verb in VERBS if verb != "stop"}
+        tools: dict[str, Tool] = {verb: self._action(verb) for verb in SCHEMA.names if verb != FINAL}
         tools.update({"observe": lambda a: self.browser.observe(), "_start": self._start, "_element": self._element,
                       "_page_text": self._page_text, "_shop_json": self._shop_json,
                       "_url": lambda a: Observation(output=self.browser.current_url())})
@@ -109,9 +110,9 @@ class ShopApp(WorkspaceApp):
     def _action(self, verb: str) -> Tool:
         def act(args: dict[str, Any]) -> Observation:
             try:
-                self.browser.act(validate_call(ToolCall(name=verb, args=args)))
+                self.browser.act(SCHEMA.normalize(ToolCall(name=verb, args=args)))  # ActionError names the argument
             except (ActionError, BrowserError) as exc:
-                raise ToolError(str(exc)) from None
+                raise ToolError(str(exc)) from exc
             return self.browser.observe()
         return act
 
@@ -120,7 +121,7 @@ class ShopApp(WorkspaceApp):
         try:
             self.browser.act(ToolCall(name="goto", args={"url": str(args.get("url") or self.base_url + "/")}))
         except BrowserError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(str(exc)) from exc
         return self.browser.observe()
 
     def _element(self, args: dict[str, Any]) -> Observation:
@@ -142,7 +143,7 @@ class ShopApp(WorkspaceApp):
         try:
             return Observation(output=self.browser.fetch_text(url if url else None, str(args.get("selector", ""))))
         except BrowserError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(str(exc)) from exc
 
     def _shop_json(self, args: dict[str, Any]) -> Observation:
         """A read-only REST answer of the shop (what WebArena's evaluator functions read)."""

@@ -20,9 +20,11 @@ from ..suites.base import ActionError, Suite, SuiteTask, checked
 from ..workspace import Workspace
 from . import tasks as generator
 from .browser.actions import parse_action
+from .tools import FINAL, SCHEMA
 
 SHOP_APP = "bunshin.envs.webshop.app:ShopApp"
-_SYMBOLIC = re.compile(r"\[(@\w+ '(?:[^'\\]|\\.)*')\]")
+_SYMBOLIC_ID = re.compile(r"@\w+ '(?:[^'\\]|\\.)*'")
+_SYMBOLIC = re.compile(rf"\[({_SYMBOLIC_ID.pattern})\]")
 
 
 class WebShopSuite(Suite):
@@ -96,11 +98,20 @@ class WebShopSuite(Suite):
     def parse_action(self, text: str) -> ToolCall:
         return parse_action(text)
 
+    def normalize(self, call: ToolCall) -> ToolCall:
+        """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in, values as declared. A
+        reference step's symbolic ``element_id`` (``@link 'My Account'``) is kept for ``concrete`` to resolve."""
+        target = call.args.get("element_id") if isinstance(call.args, dict) else None
+        if isinstance(target, str) and _SYMBOLIC_ID.fullmatch(target):
+            checked = SCHEMA.normalize(ToolCall(name=call.name, args={**call.args, "element_id": 0}))
+            return ToolCall(name=call.name, args={**checked.args, "element_id": target})
+        return SCHEMA.normalize(call)
+
     def is_final(self, call: ToolCall) -> bool:
-        return call.name == "stop"
+        return call.name == FINAL
 
     def null_action(self) -> ToolCall:
-        return ToolCall(name="stop", args={"answer": ""})
+        return SCHEMA.normalize(ToolCall(name=FINAL))  # stop []
 
     async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
         target = call.args.get("element_id")

@@ -1,61 +1,111 @@
 """WebArena's id-based action language, as text and as tool calls.
 
-Owns: ``parse_action`` (``click [12]``, ``type [7] [sony headphones] [1]``, ``scroll [down]``, ``stop [answer]``...
-to a ``ToolCall``), ``format_action`` (its inverse: ``parse_action(format_action(c)) == c`` for every valid call)
-and ``validate_call`` (a policy may send tool calls directly: checks the name and the arguments and returns the
-canonical call, ``type``'s ``press_enter_after`` filled in with WebArena's default, True).
-Every malformed action raises ``ActionError`` naming the action and what is wrong.
+Owns: the syntax, and nothing else: an action is its tool's name followed by the tool's arguments in square
+brackets, in the order the schema declares them (``envs/webshop/tools.py``: which tools exist, their arguments,
+types and defaults). ``click [12]``, ``type [7] [sony headphones] [1]`` (a bool is written 1 or 0, or
+``[press_enter_after=0]``), ``scroll [down]``, ``stop [answer]``. A tool's one text argument is taken whole: it may
+contain brackets, even ``] [`` (``type``'s text, ``goto``'s url, ``press``'s keys, ``stop``'s answer); arguments
+after it with a default may be left out (``type [7] [text]``, ``stop``).
+``parse_action`` (text -> the call in normal form, checked by the schema), ``format_action`` (its inverse:
+``parse_action(format_action(c)) == c`` for every call in normal form) and ``validate_call`` (a policy may send tool
+calls directly: the schema's check and normal form, ``type``'s ``press_enter_after`` defaulted to True as in
+WebArena).
+Every malformed action, of any size, raises ``ActionError`` naming the action and what is wrong, quickly: an action
+longer than ``MAX_ACTION_CHARS`` is refused unread, an id or index has at most ten digits.
 Must never: touch a browser; it only translates.
-
-Tool calls (name -> args):
-``click``/``hover`` {element_id: int}; ``type`` {element_id: int, text: str, press_enter_after: bool};
-``press`` {key_comb: str}; ``scroll`` {direction: "up"|"down"}; ``new_tab`` {}; ``tab_focus`` {tab_index: int};
-``close_tab`` {}; ``goto`` {url: str}; ``go_back`` {}; ``go_forward`` {}; ``stop`` {answer: str}.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec.inspect as mi
 
 from ...records import ToolCall
 from ...suites.base import ActionError
+from ...suites.tools import MAX_INT, Arg, check_action_text
+from ..tools import SCHEMA
 
-ARGS: dict[str, tuple[str, ...]] = {
-    "click": ("element_id",),
-    "hover": ("element_id",),
-    "type": ("element_id", "text", "press_enter_after"),
-    "press": ("key_comb",),
-    "scroll": ("direction",),
-    "new_tab": (),
-    "tab_focus": ("tab_index",),
-    "close_tab": (),
-    "goto": ("url",),
-    "go_back": (),
-    "go_forward": (),
-    "stop": ("answer",),
-}
-VERBS = tuple(ARGS)
-DIRECTIONS = ("up", "down")
+VERBS = SCHEMA.names
 _SEPARATOR = re.compile(r"\]\s*\[")
+_VERB = re.compile(r"[A-Za-z_]+")
+_MAX_DIGITS = len(str(MAX_INT))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a tool's arguments are written: those before its one text argument, the text argument (taken whole),
+    those after it (bracketed groups that may each be left out when they have a default)."""
+
+    before: tuple[Arg, ...]
+    text: Arg | None
+    after: tuple[Arg, ...]
+
+    @property
+    def wanted(self) -> str:
+        """The required arguments as an action writes them: ``[element_id] [text]``."""
+        every = (*self.before, *((self.text,) if self.text is not None else ()), *self.after)
+        return " ".join(f"[{a.name}]" for a in every if a.required)
+
+
+def _layout(verb: str) -> _Layout:
+    args = SCHEMA.args(verb)
+    texts = [i for i, a in enumerate(args) if isinstance(a.type, mi.StrType)]
+    if len(texts) > 1:
+        raise ValueError(f"{verb}: the action language takes whole at most one text argument, the schema has "
+                         f"{[args[i].name for i in texts]}")
+    if not texts:
+        return _Layout(before=args, text=None, after=())
+    return _Layout(before=args[:texts[0]], text=args[texts[0]], after=args[texts[0] + 1:])
+
+
+_LAYOUTS = {verb: _layout(verb) for verb in VERBS}
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _fail(action: str, what: str) -> ActionError:
-    shown = action if len(action) <= 120 else action[:117] + "..."
-    return ActionError(f"invalid action {shown!r}: {what}")
+    return ActionError(f"invalid action {_short(action)!r}: {what}")
 
 
 def _integer(action: str, raw: str, what: str) -> int:
     text = raw.strip()
     if not text.isdigit() or not text.isascii():
-        raise _fail(action, f"{what} must be a non-negative integer, got [{raw}]")
+        raise _fail(action, f"{what} must be a non-negative integer, got [{_short(raw, 40)}]")
+    if len(text) > _MAX_DIGITS:  # int() of thousands of digits is slow, and refused past 4300
+        raise _fail(action, f"{what} must be a non-negative integer of at most {_MAX_DIGITS} digits, got "
+                            f"{len(text)} digits")
     return int(text)
 
 
+def _value(action: str, verb: str, arg: Arg, raw: str) -> Any:
+    """A bracketed group as ``arg``'s value; ``None`` when it is not one (only a defaulted argument after the text
+    may be absent, its group then belongs to the text)."""
+    t = arg.type
+    word = raw.strip().lower().removeprefix(f"{arg.name}=").strip()
+    if isinstance(t, mi.IntType):
+        return _integer(action, raw, "the " + arg.name.replace("_", " "))
+    if isinstance(t, mi.BoolType):
+        return {"1": True, "0": False}.get(word)
+    if isinstance(t, mi.LiteralType):
+        return next((c for c in arg.choices or t.values if str(c).lower() == word), None)
+    raise ValueError(f"{verb}: the action language cannot write {arg.name} ({t!r})")
+
+
+def _required(action: str, verb: str, arg: Arg, raw: str) -> Any:
+    value = _value(action, verb, arg, raw)
+    if value is None:
+        choices = " or ".join(str(c) for c in arg.choices) or "1 or 0"
+        raise _fail(action, f"{verb} {arg.name} must be {choices}, got [{_short(raw, 40)}]")
+    return value
+
+
 def _groups(action: str, rest: str) -> list[str]:
-    """The bracketed arguments after the verb, ``[a] [b]`` -> ["a", "b"]; a group may itself contain brackets
-    except the sequence ``] [`` (only the last argument of ``type``, ``goto``, ``press`` and ``stop`` is taken
-    whole)."""
+    """The bracketed arguments after the verb, ``[a] [b]`` -> ["a", "b"]."""
     if not rest:
         return []
     if not (rest.startswith("[") and rest.endswith("]")):
@@ -63,122 +113,82 @@ def _groups(action: str, rest: str) -> list[str]:
     return _SEPARATOR.split(rest[1:-1])
 
 
-def parse_action(text: str) -> ToolCall:
-    """One WebArena action string as a tool call; ``ActionError`` naming the action and the problem otherwise."""
-    if not isinstance(text, str):
-        raise ActionError(f"invalid action {text!r}: not a string")
-    action = text.strip()
-    if not action:
-        raise ActionError("invalid action '': empty; expected one of " + ", ".join(VERBS))
-    match = re.match(r"[A-Za-z_]+", action)
-    verb = match.group(0).lower() if match else ""
-    if verb not in ARGS:
-        word = action.split("[")[0].split()[0] if action.split("[")[0].split() else action[:20]
-        raise _fail(action, f"unknown action {word!r}; expected one of {', '.join(VERBS)}")
-    rest = action[len(verb):].strip()
+def _positional(action: str, verb: str, rest: str, layout: _Layout) -> dict[str, Any]:
+    groups = _groups(action, rest)
+    if not layout.before and groups == [""]:
+        groups = []  # ``go_back []`` is tolerated
+    if len(groups) < sum(a.required for a in layout.before):
+        raise _fail(action, f"{verb} needs {layout.wanted}")
+    if len(groups) > len(layout.before):
+        raise _fail(action, f"{verb} takes {len(layout.before)} argument(s), got {len(groups)}")
+    return {arg.name: _required(action, verb, arg, raw) for arg, raw in zip(layout.before, groups)}
 
-    if verb in ("goto", "press", "stop"):  # one argument taken whole: it may contain brackets
-        key = ARGS[verb][0]
-        if not rest:
-            if verb == "stop":
-                return ToolCall(name="stop", args={"answer": ""})
-            raise _fail(action, f"{verb} needs [{key}]")
-        if not (rest.startswith("[") and rest.endswith("]")):
-            raise _fail(action, f"{verb} takes one argument in square brackets, like {verb} [{key}]")
-        value = rest[1:-1]
-        if verb != "stop" and not value.strip():
-            raise _fail(action, f"{verb} needs a non-empty [{key}]")
-        return validate_call(ToolCall(name=verb, args={key: value if verb == "stop" else value.strip()}))
 
-    if verb == "type":
-        if not rest.startswith("[") or not rest.endswith("]"):
-            raise _fail(action, "type takes [id] [text] and optionally [press_enter_after=0|1]")
-        first = _SEPARATOR.search(rest)
-        if first is None:
-            raise _fail(action, "type needs [id] [text]")
-        element_id = _integer(action, rest[1:first.start()], "the element id")
-        body = rest[first.end():-1]
-        press = True
+def _with_text(action: str, verb: str, rest: str, layout: _Layout) -> dict[str, Any]:
+    text = layout.text
+    assert text is not None
+    if not rest:
+        if not layout.wanted:
+            return {}  # ``stop``: every argument has its default
+        raise _fail(action, f"{verb} needs {layout.wanted}")
+    if not (rest.startswith("[") and rest.endswith("]")):
+        raise _fail(action, f"{verb} takes its arguments in square brackets, like {verb} {layout.wanted}")
+    body = rest[1:-1]
+    args: dict[str, Any] = {}
+    for arg in layout.before:
+        sep = _SEPARATOR.search(body)
+        if sep is None:
+            raise _fail(action, f"{verb} needs {layout.wanted}")
+        args[arg.name] = _required(action, verb, arg, body[:sep.start()])
+        body = body[sep.end():]
+    for arg in reversed(layout.after):
         last = None
         for last in _SEPARATOR.finditer(body):
             pass
-        if last is not None:
-            flag = body[last.end():].strip().lower().removeprefix("press_enter_after=").strip()
-            if flag in ("0", "1"):
-                press, body = flag == "1", body[:last.start()]
-        return ToolCall(name="type", args={"element_id": element_id, "text": body, "press_enter_after": press})
-
-    groups = _groups(action, rest)
-    names = ARGS[verb]
-    if not names and groups == [""]:
-        groups = []  # ``go_back []`` is tolerated
-    if len(groups) < len(names):
-        wanted = " ".join(f"[{n}]" for n in names)
-        raise _fail(action, f"{verb} needs {wanted}")
-    if len(groups) > len(names):
-        raise _fail(action, f"{verb} takes {len(names)} argument(s), got {len(groups)}")
-    if verb in ("click", "hover"):
-        return ToolCall(name=verb, args={"element_id": _integer(action, groups[0], "the element id")})
-    if verb == "tab_focus":
-        return ToolCall(name=verb, args={"tab_index": _integer(action, groups[0], "the tab index")})
-    if verb == "scroll":
-        direction = groups[0].strip().lower().removeprefix("direction=").strip()
-        if direction not in DIRECTIONS:
-            raise _fail(action, f"scroll direction must be up or down, got [{groups[0]}]")
-        return ToolCall(name="scroll", args={"direction": direction})
-    return ToolCall(name=verb, args={})
+        value = _value(action, verb, arg, body[last.end():]) if last is not None else None
+        if value is not None:
+            args[arg.name], body = value, body[:last.start()]
+        elif arg.required:
+            raise _fail(action, f"{verb} needs {layout.wanted}")
+    value = body.strip() if text.trimmed else body
+    if text.trimmed and not value:
+        raise _fail(action, f"{verb} needs a non-empty [{text.name}]")
+    args[text.name] = value
+    return args
 
 
-def _check_type(call: ToolCall, key: str, value: Any, kind: type) -> None:
-    if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def parse_action(text: str) -> ToolCall:
+    """One WebArena action string as a tool call in normal form; ``ActionError`` naming the action and the problem
+    otherwise."""
+    action = check_action_text(text).strip()
+    if not action:
+        raise ActionError("invalid action '': empty; expected one of " + ", ".join(VERBS))
+    match = _VERB.match(action)
+    verb = match.group(0).lower() if match else ""
+    if verb not in SCHEMA:
+        head = action.split("[")[0].split()
+        raise _fail(action, f"unknown action {_short(head[0] if head else action[:20], 40)!r}; expected one of "
+                            f"{', '.join(VERBS)}")
+    rest = action[len(verb):].strip()
+    layout = _LAYOUTS[verb]
+    if layout.text is None:
+        args = _positional(action, verb, rest, layout)
     else:
-        ok = isinstance(value, kind)
-    if not ok:
-        wanted = "a non-negative int" if kind is int else kind.__name__
-        raise ActionError(f"invalid {call.name} call: {key} must be {wanted}, got {value!r}")
+        args = _with_text(action, verb, rest, layout)
+    try:
+        return SCHEMA.normalize(ToolCall(name=verb, args=args))
+    except ActionError as exc:
+        raise _fail(action, str(exc)) from exc
 
 
 def validate_call(call: ToolCall) -> ToolCall:
-    """Check a tool call's name and arguments; the canonical call (``press_enter_after`` defaulted to True)."""
-    if call.name not in ARGS:
-        raise ActionError(f"invalid action: unknown tool {call.name!r}; expected one of {', '.join(VERBS)}")
-    args = dict(call.args)
-    if call.name == "type":
-        args.setdefault("press_enter_after", True)
-    if call.name == "stop":
-        args.setdefault("answer", "")
-    wanted = set(ARGS[call.name])
-    if set(args) != wanted:
-        missing, extra = sorted(wanted - set(args)), sorted(set(args) - wanted)
-        detail = "; ".join([f"missing {missing}"] * bool(missing) + [f"unexpected {extra}"] * bool(extra))
-        raise ActionError(f"invalid {call.name} call: {detail} (expects {sorted(wanted) or 'no arguments'})")
-    for key, value in args.items():
-        if key in ("element_id", "tab_index"):
-            _check_type(call, key, value, int)
-        elif key == "press_enter_after":
-            _check_type(call, key, value, bool)
-        else:
-            _check_type(call, key, value, str)
-    if call.name == "scroll" and args["direction"] not in DIRECTIONS:
-        raise ActionError(f"invalid scroll call: direction must be 'up' or 'down', got {args['direction']!r}")
-    if call.name in ("goto", "press") and (not args[ARGS[call.name][0]].strip()
-                                           or args[ARGS[call.name][0]] != args[ARGS[call.name][0]].strip()):
-        raise ActionError(f"invalid {call.name} call: {ARGS[call.name][0]} must be non-empty with no surrounding "
-                          f"whitespace, got {args[ARGS[call.name][0]]!r}")
-    return call if args == call.args else ToolCall(name=call.name, args=args)
+    """Check a tool call's name and arguments against the schema; the call in normal form (defaults filled in:
+    ``press_enter_after`` True, ``answer`` "")."""
+    return SCHEMA.normalize(call)
 
 
 def format_action(call: ToolCall) -> str:
-    """The action string of a (valid) call; ``parse_action`` gives the canonical call back."""
+    """The action string of a (valid) call; ``parse_action`` gives its normal form back."""
     call = validate_call(call)
-    a = call.args
-    if call.name in ("click", "hover"):
-        return f"{call.name} [{a['element_id']}]"
-    if call.name == "type":
-        return f"type [{a['element_id']}] [{a['text']}] [{int(a['press_enter_after'])}]"
-    if call.name == "tab_focus":
-        return f"tab_focus [{a['tab_index']}]"
-    if call.name in ("press", "scroll", "goto", "stop"):
-        return f"{call.name} [{a[ARGS[call.name][0]]}]"
-    return call.name
+    groups = [f"[{int(v) if isinstance(v, bool) else v}]" for v in (call.args[a.name] for a in SCHEMA.args(call.name))]
+    return " ".join([call.name, *groups])

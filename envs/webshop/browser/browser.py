@@ -267,7 +267,7 @@ class Browser:
         try:
             node = document.query_selector(selector)
         except dom.SelectorError as error:
-            raise PageSelectorError(str(error)) from None
+            raise PageSelectorError(str(error)) from error
         return dom.outer_text(node) if node is not None else ""
 
     def raster_bytes(self) -> int:

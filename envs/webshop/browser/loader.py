@@ -193,7 +193,7 @@ def join_url(base: str, ref: str) -> str:
         joined = urllib.parse.urljoin(base, ref)
         urllib.parse.urlsplit(joined)
     except ValueError as error:  # e.g. an unclosed IPv6 literal
-        raise BrowserError(f"cannot open {ref[:200]!r}: not a valid URL ({error})") from None
+        raise BrowserError(f"cannot open {ref[:200]!r}: not a valid URL ({error})") from error
     return joined
 
 
@@ -223,11 +223,11 @@ class Loader:
             if error.code in (301, 302, 303, 307, 308) and str(error.msg).startswith(_RedirectHandler.inf_msg):
                 error.close()
                 raise BrowserError(f"cannot open {url}: it redirects too many times (a redirect loop, "
-                                   f"ERR_TOO_MANY_REDIRECTS)") from None
+                                   f"ERR_TOO_MANY_REDIRECTS)") from error
             response = error
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:  # ValueError:
             # a URL http.client cannot send (non-ASCII, a bad port or IPv6 literal), here or in a redirect
-            raise BrowserError(_failure(url, deadline, getattr(error, "reason", error), "cannot reach")) from None
+            raise BrowserError(_failure(url, deadline, getattr(error, "reason", error), "cannot reach")) from error
         try:
             status = getattr(response, "status", None) or response.getcode() or 0
             final = response.geturl() or url
@@ -235,7 +235,7 @@ class Loader:
             content_type = response.headers.get_content_type() if response.headers else "text/html"
             charset = response.headers.get_content_charset() if response.headers else None
         except (http.client.HTTPException, OSError, ValueError) as error:
-            raise BrowserError(_failure(url, deadline, error, "the connection broke while loading")) from None
+            raise BrowserError(_failure(url, deadline, error, "the connection broke while loading")) from error
         finally:
             response.close()
         return Response(final, int(status), content_type, charset, body, truncated)
