@@ -45,23 +45,31 @@ REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
+def live_processes() -> list[tuple[int, bytes, str]]:
+    """(pid, command line, state letter) of every process now, zombies included."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            found.append((int(entry.name), cmd, state))
+    return found
+
+
 def host_processes() -> list[int]:
     """Workspace hosts and nurseries started by this test session (matched by program and session marker)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
+    for pid, cmd, _ in live_processes():
         if b"bunshin.envs.runtime.host" in cmd or b"bunshin.envs.runtime.nursery" in cmd:
             try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
             if SESSION_MARKER.encode() in environ:
-                pids.append(int(entry.name))
+                pids.append(pid)
     return pids
 
 

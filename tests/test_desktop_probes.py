@@ -178,27 +178,28 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def assert_neither_read_nor_written(resolved: str, tree: Path, match: str) -> None:
+    """Reading (even as root) and writing ``resolved`` are refused with ``match``; the private file is intact."""
+    with pytest.raises(ToolError, match=match):
+        files.read_bytes(resolved, as_agent=False)
+    with pytest.raises(ToolError, match=match):
+        files.write_text(resolved, "overwritten")
+    assert (tree / "private" / "f.txt").read_text() == "SECRET"
+
+
 def test_a_directory_swapped_after_the_check_is_not_followed(tree: Path) -> None:
     resolved = files.resolve_user_path(str(tree / "d" / "f.txt"))  # the check passes: a directory under /tmp
     assert files.read_bytes(resolved) == b"mine"
     (tree / "d").rename(tree / "d.real")  # the swap, between the check and the open
     (tree / "d").symlink_to(tree / "private")
-    with pytest.raises(ToolError, match="f.txt"):
-        files.read_bytes(resolved, as_agent=False)
-    with pytest.raises(ToolError, match="f.txt"):
-        files.write_text(resolved, "overwritten")
-    assert (tree / "private" / "f.txt").read_text() == "SECRET"
+    assert_neither_read_nor_written(resolved, tree, "f.txt")
 
 
 def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(tree: Path) -> None:
     resolved = files.resolve_user_path(str(tree / "d" / "f.txt"))
     (tree / "d" / "f.txt").unlink()
     (tree / "d" / "f.txt").symlink_to(tree / "private" / "f.txt")
-    with pytest.raises(ToolError, match="Too many levels of symbolic links"):
-        files.read_bytes(resolved, as_agent=False)
-    with pytest.raises(ToolError, match="Too many levels of symbolic links"):
-        files.write_text(resolved, "overwritten")
-    assert (tree / "private" / "f.txt").read_text() == "SECRET"
+    assert_neither_read_nor_written(resolved, tree, "Too many levels of symbolic links")
 
 
 def test_a_hard_link_to_a_root_only_file_is_read_and_written_only_as_root_may(tree: Path) -> None:

@@ -28,6 +28,8 @@ from bunshin.policies.base import Decision, PolicyContext, PolicyError
 from bunshin.policies.openai import ACT_TOOL, SUITE_TOOL_PROMPTS, OpenAIPolicy, strip_fences, suite_tools
 from tests.openai_server import logprob_of
 
+from .conftest import live_processes
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -53,18 +55,7 @@ class ScriptedServer:
 
 def processes_running(marker: str) -> list[int]:
     """Live processes whose command line names ``marker`` (a test's own script file)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmd and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, cmd, state in live_processes() if marker.encode() in cmd and state != "Z"]
 
 
 @pytest.fixture

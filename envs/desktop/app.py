@@ -158,7 +158,9 @@ class DesktopApp(WorkspaceApp):
             "sheet_open": self._sheet_open, "sheet_set": self._sheet_set, "sheet_get": self._sheet_get,
             "sheet_save": self._sheet_save, "sheet_close": self._sheet_close,
         }
-        assert set(agent) == set(agent_tools.SCHEMA.names) - agent_tools.FINAL, "the schema and the app drifted"
+        drift = set(agent) ^ (set(agent_tools.SCHEMA.names) - agent_tools.FINAL)
+        if drift:
+            raise TypeError(f"the desktop's tools and its schema drifted: {sorted(drift)}")
         tools: dict[str, Tool] = {name: self._screen_after(name, fn) for name, fn in agent.items()}
         tools.update({"_exec": self._exec, "_read_file": self._read_file, "_list_directory": self._list_directory,
                       "_terminal_output": self._terminal_output, "_put_file": self._put_file,
@@ -279,23 +281,53 @@ class DesktopApp(WorkspaceApp):
         return Observation(output="")
 
     def _search_files(self, a: agent_tools.SearchFilesArgs) -> Observation:
-        assert self.cache is not None
+        if self.cache is None:
+            raise ToolError("search_files: the session's file index is not built")
         hits = self.cache.search(a.query)
         return Observation(output="\n".join(hits), data={"count": len(hits)})
 
     # -- editor -------------------------------------------------------------------------------------------------
-    def _buffer(self, path: str | None, tool: str) -> tuple[str, Buffer]:
-        """The open buffer ``path`` names, or the active one (``None``)."""
+    def _document(self, kind: str, path: str | None, tool: str) -> tuple[str, Any]:
+        """The open document of ``kind`` ("editor" or "sheet") that ``path`` names, or the active one (``None``)."""
+        docs, where, none_open = self._kind(kind)
         if path is not None:
             path = resolve_user_path(path)
-            if path not in self.buffers:
-                raise ToolError(f"{tool}: {path} is not open in the editor")
-            return path, self.buffers[path]
+            if path not in docs:
+                raise ToolError(f"{tool}: {path} is not open {where}")
+            return path, docs[path]
         for key in reversed(self.order):
-            if key.startswith("editor:"):
+            if key.startswith(f"{kind}:"):
                 path = key.partition(":")[2]
-                return path, self.buffers[path]
-        raise ToolError(f"{tool}: no file is open in the editor (use editor_open first)")
+                return path, docs[path]
+        raise ToolError(f"{tool}: {none_open} (use {kind}_open first)")
+
+    def _kind(self, kind: str) -> tuple[dict[str, Any], str, str]:
+        """A kind of document's open documents, where they are open, and what to say when none is."""
+        if kind == "editor":
+            return self.buffers, "in the editor", "no file is open in the editor"
+        return self.sheets, "in the spreadsheet", "no sheet is open"
+
+    def _save(self, kind: str, path: str, target: str, text: str) -> Observation:
+        """Write the document at ``path`` to ``target``; with another target, the window now edits that file."""
+        write_text(target, text)
+        if target != path:  # save as
+            docs, _, _ = self._kind(kind)
+            if target in docs:
+                self._drop(f"{kind}:{target}")
+            self._drop(f"{kind}:{path}")
+            docs[target] = docs.pop(path)
+            if kind == "sheet":
+                self.sheet_modified.pop(path, None)
+        self._touch(f"{kind}:{target}")
+        return Observation(output=f"saved {target}")
+
+    def _close(self, kind: str, path: str, modified: bool) -> Observation:
+        docs, _, _ = self._kind(kind)
+        self._drop(f"{kind}:{path}")
+        del docs[path]
+        if kind == "sheet":
+            self.sheet_modified.pop(path, None)
+        return Observation(output=f"closed {path}" + (" (unsaved changes discarded)" if modified else ""))
 
     def _editor_open(self, a: agent_tools.EditorOpenArgs) -> Observation:
         path = resolve_user_path(a.path)
@@ -306,77 +338,50 @@ class DesktopApp(WorkspaceApp):
         buf = self.buffers[path]
         return Observation(output=f"opened {path} ({len(buf.lines)} lines)\n{buf.text}")
 
-    def _edited(self, path: str, message: str) -> Observation:
+    def _edit(self, tool: str, path: str | None, change: Callable[[Buffer, str], str]) -> Observation:
+        """Apply ``change(buffer, path)`` (which returns what to say) to the open file ``path`` or the active one;
+        a change the buffer refuses (a line out of range, nothing to undo) is the agent's ``ToolError``."""
+        path, buf = self._document("editor", path, tool)
+        try:
+            message = change(buf, path)
+        except ValueError as exc:
+            raise ToolError(f"{tool}: {exc}") from exc
         self._touch(f"editor:{path}")
         return Observation(output=message)
 
     def _editor_replace(self, a: agent_tools.EditorReplaceArgs) -> Observation:
-        path, buf = self._buffer(a.path, "editor_replace")
-        try:
-            n = buf.replace(a.find, a.replace, a.count)
-        except ValueError as exc:
-            raise ToolError(f"editor_replace: {exc}") from exc
-        return self._edited(path, f"replaced {n} occurrence(s) in {path}")
+        return self._edit("editor_replace", a.path, lambda buf, path:
+                          f"replaced {buf.replace(a.find, a.replace, a.count)} occurrence(s) in {path}")
 
     def _editor_insert(self, a: agent_tools.EditorInsertArgs) -> Observation:
-        path, buf = self._buffer(a.path, "editor_insert")
-        try:
+        def insert(buf: Buffer, path: str) -> str:
             buf.insert(a.line, a.text)
-        except ValueError as exc:
-            raise ToolError(f"editor_insert: {exc}") from exc
-        return self._edited(path, f"inserted {a.text.count(chr(10)) + 1} line(s) at line {a.line} of {path}")
+            return f"inserted {a.text.count(chr(10)) + 1} line(s) at line {a.line} of {path}"
+        return self._edit("editor_insert", a.path, insert)
 
     def _editor_delete_lines(self, a: agent_tools.EditorDeleteLinesArgs) -> Observation:
-        path, buf = self._buffer(a.path, "editor_delete_lines")
-        try:
-            n = buf.delete_lines(a.start, a.start if a.end is None else a.end)
-        except ValueError as exc:
-            raise ToolError(f"editor_delete_lines: {exc}") from exc
-        return self._edited(path, f"deleted {n} line(s) from {path}")
+        end = a.start if a.end is None else a.end
+        return self._edit("editor_delete_lines", a.path, lambda buf, path:
+                          f"deleted {buf.delete_lines(a.start, end)} line(s) from {path}")
 
     def _editor_undo(self, a: agent_tools.EditorUndoArgs) -> Observation:
-        path, buf = self._buffer(a.path, "editor_undo")
-        try:
+        def undo(buf: Buffer, path: str) -> str:
             buf.undo_last()
-        except ValueError as exc:
-            raise ToolError(f"editor_undo: {exc}") from exc
-        return self._edited(path, f"undid the last edit of {path}")
+            return f"undid the last edit of {path}"
+        return self._edit("editor_undo", a.path, undo)
 
     def _editor_save(self, a: agent_tools.EditorSaveArgs) -> Observation:
-        path, buf = self._buffer(None, "editor_save")
+        path, buf = self._document("editor", None, "editor_save")
         target = resolve_user_path(a.path) if a.path is not None else path
-        write_text(target, buf.text)
-        if target != path:  # save as: the buffer now edits the new file
-            if target in self.buffers:
-                self._drop(f"editor:{target}")
-            self._drop(f"editor:{path}")
-            del self.buffers[path]
-            buf.path = target
-            self.buffers[target] = buf
-        buf.modified = False
-        self._touch(f"editor:{target}")
-        return Observation(output=f"saved {target}")
+        saved = self._save("editor", path, target, buf.text)
+        buf.path, buf.modified = target, False
+        return saved
 
     def _editor_close(self, a: agent_tools.EditorCloseArgs) -> Observation:
-        path, buf = self._buffer(a.path, "editor_close")
-        self._drop(f"editor:{path}")
-        del self.buffers[path]
-        return Observation(output=f"closed {path}" + (" (unsaved changes discarded)" if buf.modified else ""))
+        path, buf = self._document("editor", a.path, "editor_close")
+        return self._close("editor", path, buf.modified)
 
     # -- spreadsheet --------------------------------------------------------------------------------------------
-    def _sheet(self, path: str | None, tool: str) -> tuple[str, Sheet]:
-        """The open sheet ``path`` names, or the active one (``None``)."""
-        if path is not None:
-            path = resolve_user_path(path)
-            if path not in self.sheets:
-                raise ToolError(f"{tool}: {path} is not open in the spreadsheet")
-            return path, self.sheets[path]
-        for key in reversed(self.order):
-            if key.startswith("sheet:"):
-                path = key.partition(":")[2]
-                return path, self.sheets[path]
-        raise ToolError(f"{tool}: no sheet is open (use sheet_open first)")
-
     def _sheet_open(self, a: agent_tools.SheetOpenArgs) -> Observation:
         path = resolve_user_path(a.path)
         if path not in self.sheets:
@@ -388,7 +393,7 @@ class DesktopApp(WorkspaceApp):
         return Observation(output=f"opened {path} ({rows} rows, {cols} columns)\n{self.sheets[path].to_csv()}")
 
     def _sheet_set(self, a: agent_tools.SheetSetArgs) -> Observation:
-        path, sheet = self._sheet(a.path, "sheet_set")
+        path, sheet = self._document("sheet", a.path, "sheet_set")
         try:
             sheet.set(a.cell, a.value if isinstance(a.value, str) else format_value(a.value))
             shown = format_value(sheet.value(a.cell))
@@ -401,7 +406,7 @@ class DesktopApp(WorkspaceApp):
         return Observation(output=f"{a.cell.upper()} = {shown}")
 
     def _sheet_get(self, a: agent_tools.SheetGetArgs) -> Observation:
-        _, sheet = self._sheet(a.path, "sheet_get")
+        _, sheet = self._document("sheet", a.path, "sheet_get")
         try:
             raw, shown = sheet.input_of(a.cell), format_value(sheet.value(a.cell))
         except CellError as exc:
@@ -409,26 +414,15 @@ class DesktopApp(WorkspaceApp):
         return Observation(output=shown, data={"input": format_value(raw)})
 
     def _sheet_save(self, a: agent_tools.SheetSaveArgs) -> Observation:
-        path, sheet = self._sheet(None, "sheet_save")
+        path, sheet = self._document("sheet", None, "sheet_save")
         target = resolve_user_path(a.path) if a.path is not None else path
-        write_text(target, sheet.to_csv())
-        if target != path:
-            if target in self.sheets:
-                self._drop(f"sheet:{target}")
-            self._drop(f"sheet:{path}")
-            del self.sheets[path]
-            self.sheet_modified.pop(path, None)
-            self.sheets[target] = sheet
+        saved = self._save("sheet", path, target, sheet.to_csv())
         self.sheet_modified[target] = False
-        self._touch(f"sheet:{target}")
-        return Observation(output=f"saved {target}")
+        return saved
 
     def _sheet_close(self, a: agent_tools.SheetCloseArgs) -> Observation:
-        path, _ = self._sheet(a.path, "sheet_close")
-        self._drop(f"sheet:{path}")
-        del self.sheets[path]
-        modified = self.sheet_modified.pop(path, False)
-        return Observation(output=f"closed {path}" + (" (unsaved changes discarded)" if modified else ""))
+        path, _ = self._document("sheet", a.path, "sheet_close")
+        return self._close("sheet", path, self.sheet_modified.get(path, False))
 
     # -- internal tools (setup and evaluation) -------------------------------------------------------------------
     def _exec(self, args: dict[str, Any]) -> Observation:

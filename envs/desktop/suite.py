@@ -42,8 +42,8 @@ FINAL = agent_tools.FINAL
 SPECIAL = ("WAIT", "DONE", "FAIL")  # OSWorld's special actions, written alone
 COMPACT = {"terminal": "command", "editor_open": "path", "sheet_open": "path", "editor_save": "path",
            "sheet_save": "path", "search_files": "query"}  # ``<tool>: <text>``: the one text argument
-assert all(arg in {a.name for a in agent_tools.SCHEMA.args(tool)} for tool, arg in COMPACT.items()), \
-    "a compact form names an argument the schema does not have"
+if not all(arg in {a.name for a in agent_tools.SCHEMA.args(tool)} for tool, arg in COMPACT.items()):
+    raise ImportError("a compact form names an argument the schema does not have")
 
 # A JSON action as plain values, at most three containers deep (an object, its "args" object, a list in an argument):
 # deeper nesting is refused where it starts instead of recursing through it (msgspec, like json, would recurse

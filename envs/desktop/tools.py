@@ -37,6 +37,18 @@ class TerminalArgs(ToolArgs, kw_only=True):
     timeout_s: Annotated[float, Meta(gt=0, le=300, description="Stop the command after this many seconds.")] = 30.0
 
 
+class OnOpenFileArgs(ToolArgs, kw_only=True):
+    """(A base: the tools whose only argument is which open document they act on, the active one by default.)"""
+
+    path: OpenFile = None
+
+
+class SaveAsArgs(ToolArgs, kw_only=True):
+    """(A base: the save tools, which save the active document, or save it as ``path``.)"""
+
+    path: SaveAs = None
+
+
 class EditorOpenArgs(ToolArgs, kw_only=True):
     """Open a text file in the editor (an empty buffer if the file does not exist yet); it becomes the active
     file."""
@@ -74,22 +86,16 @@ class EditorDeleteLinesArgs(ToolArgs, kw_only=True):
             force_setattr(self, "end", self.start)  # one spelling per call: the default written out
 
 
-class EditorUndoArgs(ToolArgs, kw_only=True):
+class EditorUndoArgs(OnOpenFileArgs, kw_only=True):
     """Undo the last edit of the active file, or of the open file at path."""
 
-    path: OpenFile = None
 
-
-class EditorSaveArgs(ToolArgs, kw_only=True):
+class EditorSaveArgs(SaveAsArgs, kw_only=True):
     """Save the active file; with path, save it as that file (the window then edits the new file)."""
 
-    path: SaveAs = None
 
-
-class EditorCloseArgs(ToolArgs, kw_only=True):
+class EditorCloseArgs(OnOpenFileArgs, kw_only=True):
     """Close the active file, or the open file at path, discarding unsaved edits."""
-
-    path: OpenFile = None
 
 
 class SheetOpenArgs(ToolArgs, kw_only=True):
@@ -116,16 +122,12 @@ class SheetGetArgs(ToolArgs, kw_only=True):
     path: OpenFile = None
 
 
-class SheetSaveArgs(ToolArgs, kw_only=True):
+class SheetSaveArgs(SaveAsArgs, kw_only=True):
     """Save the active sheet as CSV (computed values, not formulas); with path, save it as that file."""
 
-    path: SaveAs = None
 
-
-class SheetCloseArgs(ToolArgs, kw_only=True):
+class SheetCloseArgs(OnOpenFileArgs, kw_only=True):
     """Close the active sheet, or the open sheet at path, discarding unsaved changes."""
-
-    path: OpenFile = None
 
 
 class SearchFilesArgs(ToolArgs, kw_only=True):

@@ -97,6 +97,12 @@ def is_hidden(node: dom.Node) -> bool:
     return "display:none" in style or "visibility:hidden" in style
 
 
+# Elements whose role is their tag's alone (the others depend on attributes or on their row).
+TAG_ROLES = {"button": "button", "textarea": "textbox", "select": "combobox", "option": "option", "li": "listitem",
+             "table": "table", "tr": "row", "td": "cell", "hr": "separator",
+             **{h: "heading" for h in HEADINGS}}
+
+
 def role_of(node: dom.Node, header_rows: dict[int, bool] | None = None) -> str | None:
     """The node's role, or None for a generic wrapper (its children are lifted). ``header_rows`` caches, per
     row, whether all its cells are headers (a ``th`` asks its row; without a cache a wide row is quadratic)."""
@@ -106,8 +112,6 @@ def role_of(node: dom.Node, header_rows: dict[int, bool] | None = None) -> str |
     tag = node.tag
     if tag == "a":
         return "link" if "href" in node.attrs else None
-    if tag == "button":
-        return "button"
     if tag == "input":
         kind = dom.input_type(node)
         if kind in dom.BUTTON_TYPES or kind == "file":
@@ -115,24 +119,10 @@ def role_of(node: dom.Node, header_rows: dict[int, bool] | None = None) -> str |
         if kind in ("checkbox", "radio"):
             return kind
         return "textbox" if kind in dom.TEXT_INPUT_TYPES else None
-    if tag == "textarea":
-        return "textbox"
-    if tag == "select":
-        return "combobox"
-    if tag == "option":
-        return "option"
+    if tag in TAG_ROLES:
+        return TAG_ROLES[tag]
     if tag == "img":
         return "img" if node.attrs.get("alt", "x") != "" else None  # alt="" marks a decorative image
-    if tag in HEADINGS:
-        return "heading"
-    if tag == "li":
-        return "listitem"
-    if tag == "table":
-        return "table"
-    if tag == "tr":
-        return "row"
-    if tag == "td":
-        return "cell"
     if tag == "th":
         row = node.parent
         if row is None:
@@ -143,8 +133,6 @@ def role_of(node: dom.Node, header_rows: dict[int, bool] | None = None) -> str |
             if header_rows is not None:
                 header_rows[id(row)] = headers
         return "columnheader" if headers else "rowheader"
-    if tag == "hr":
-        return "separator"
     return None
 
 
