@@ -117,13 +117,16 @@ class Agents:
             self.pidns_fd = None
 
     # -- around forks and checkpoints ----------------------------------------------------------------------------
-    def freeze(self) -> bool:
-        """Freeze the agents (background jobs must not write while the files are snapshotted); whether there
-        were any to freeze. Thaw with ``thaw()`` even when this raised: a freeze that timed out half-froze."""
-        if self.init_pid is None:
-            return False
-        freeze_by_fds(self.cgroup_fds, self.group, True)
-        return True
+    @property
+    def running(self) -> bool:
+        """Whether agent commands ran here (their namespace's init is alive): only then is there anything to freeze."""
+        return self.init_pid is not None
+
+    def freeze(self) -> None:
+        """Freeze the agents (background jobs must not write while the files are snapshotted). A caller that saw
+        ``running`` thaws with ``thaw()`` even when this raised: a freeze that timed out half-froze."""
+        if self.running:
+            freeze_by_fds(self.cgroup_fds, self.group, True)
 
     def thaw(self) -> None:
         freeze_by_fds(self.cgroup_fds, self.group, False)

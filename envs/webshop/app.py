@@ -110,7 +110,7 @@ class ShopApp(WorkspaceApp):
     def _action(self, verb: str) -> Tool:
         def act(args: dict[str, Any]) -> Observation:
             try:
-                self.browser.act(SCHEMA.normalize(ToolCall(name=verb, args=args)))  # ActionError names the argument
+                self.browser.act(ToolCall(name=verb, args=args))  # it checks the call by the schema: ActionError
             except (ActionError, BrowserError) as exc:
                 raise ToolError(str(exc)) from exc
             return self.browser.observe()

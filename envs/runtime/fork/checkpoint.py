@@ -28,7 +28,7 @@ def write(host: Host, path: str, layer: str) -> Reply:
                       f"only, and this application keeps state in {len(host.workers)} worker process(es) "
                       "without checkpointing them (WorkspaceApp.checkpoint is not overridden)")
     started = time.monotonic_ns()
-    agents = host.agents.init_pid is not None
+    agents = host.agents.running
     try:
         host.agents.freeze()
         host.app.before_fork(host.ctx)

@@ -38,7 +38,7 @@ def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
     worker_ends: list[socket.socket] = []
     agents_frozen = gc_frozen = False
     try:
-        agents_frozen = host.agents.init_pid is not None  # before the call: a freeze that times out is undone
+        agents_frozen = host.agents.running  # before the call: a freeze that times out is undone
         host.agents.freeze()
         host.app.before_fork(host.ctx)
         for w in host.workers:
