@@ -1,8 +1,12 @@
-"""The run's memory over time: a reading sampled on a timer, its peak and its integral (GiB*s).
+"""The run's memory over time: a reading sampled on a timer, its peak and its integral (GiB*s), and optionally a
+detailed reading beside it (both measures, page tables, the engine's and nursery's own).
 
 Owns: ``MemoryMeter``. The reading and the clock are injected (the engine reads its run's cgroup charge: every
-workspace, shared pages counted once), so the arithmetic is tested without a runtime.
-Must never: block the event loop for long (a reading is one small file read) or outlive ``stop()``.
+workspace, shared pages counted once), so the arithmetic is tested without a runtime. The detail reading
+(``WorkspaceRuntime.memory_detail``: PSS summed over every process of the run plus tmpfs, page tables, engine,
+nursery) reads every process's smaps, so it runs in a thread at its own, slower interval; its samples are kept as
+a timeline with each field's peak.
+Must never: block the event loop for long (the main reading is one small file read) or outlive ``stop()``.
 """
 
 from __future__ import annotations
@@ -11,18 +15,24 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
+
+import msgspec
 
 GiB = 1 << 30
 
 
 class MemoryMeter:
-    def __init__(self, reading: Callable[[], int], interval_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, reading: Callable[[], int], interval_s: float, clock: Callable[[], float] = time.monotonic,
+                 detail: Callable[[], msgspec.Struct] | None = None, detail_interval_s: float = 1.0):
         self.reading, self.interval_s, self.clock = reading, interval_s, clock
+        self.detail, self.detail_interval_s = detail, detail_interval_s
         self.timeline: list[tuple[float, int]] = []  # (seconds since start, bytes)
+        self.details: list[tuple[float, dict[str, Any]]] = []  # (seconds since start, detail reading's fields)
         self.peak_bytes = 0
         self.gib_s = 0.0
         self._started = clock()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def now(self) -> int:
         return self.reading()
@@ -37,19 +47,49 @@ class MemoryMeter:
         self.peak_bytes = max(self.peak_bytes, value)
         return value
 
+    def add_detail(self, reading: msgspec.Struct) -> None:
+        self.details.append((self.clock() - self._started, msgspec.structs.asdict(reading)))
+
+    def detail_peaks(self) -> dict[str, int]:
+        """Each detail field's largest value over the run (fields peak at different instants)."""
+        peaks: dict[str, int] = {}
+        for _, fields in self.details:
+            for name, value in fields.items():
+                peaks[name] = max(peaks.get(name, 0), value)
+        return peaks
+
+    @property
+    def wall_s(self) -> float:
+        return self.timeline[-1][0] if self.timeline else 0.0
+
+    @property
+    def mean_bytes(self) -> float:
+        """Mean memory over the run: the integral divided by the time it covers."""
+        return self.gib_s * GiB / self.wall_s if self.wall_s > 0 else float(self.peak_bytes)
+
     async def _run(self) -> None:
         while True:
             self.sample()
             await asyncio.sleep(self.interval_s)
 
+    async def _run_detail(self, detail: Callable[[], msgspec.Struct]) -> None:
+        while True:
+            self.add_detail(await asyncio.to_thread(detail))
+            await asyncio.sleep(self.detail_interval_s)
+
     def start(self) -> None:
         self._started = self.clock()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run())]
+        if self.detail is not None:
+            self._tasks.append(loop.create_task(self._run_detail(self.detail)))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            task, self._task = self._task, None
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if tasks:
             self.sample()

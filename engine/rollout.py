@@ -44,9 +44,12 @@ class RolloutEngine:
     def __init__(self, suite: Suite, policy: Policy, *, backend: str = "cow", concurrency: int = 8,
                  memory_budget: int | None = None, decide_timeout_s: float = 300.0, call_timeout_s: float = 120.0,
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
-                 limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25):
+                 limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
+                 memory_detail_s: float | None = None):
         """``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
-        ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``)."""
+        ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
+        ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
+        the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.suite, self.policy, self.backend = suite, policy, backend
@@ -54,15 +57,15 @@ class RolloutEngine:
         self.settings = SampleSettings(decide_timeout_s=decide_timeout_s, call_timeout_s=call_timeout_s,
                                        rollout_timeout_s=rollout_timeout_s, max_steps=max_steps)
         self.setup_timeout_s = call_timeout_s if setup_timeout_s is None else setup_timeout_s
-        # Many hosts may start at once on few cores (a private restore recomputes its application's state): a
-        # start is given as long as a rollout may take to decide, not the runtime's default minute.
+        # Many hosts may start at once on few cores (64 private restores each read a dump and start an
+        # interpreter): a start is given as long as a rollout may take to decide, not the runtime's default minute.
         kwargs: dict[str, Any] = {"backend": backend, "start_timeout_s": max(60.0, decide_timeout_s),
                                   "limits": limits or Limits(memory_bytes=4 << 30, pids=512,
                                                              command_timeout_s=call_timeout_s)}
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)
         self.runtime = WorkspaceRuntime(**kwargs)
-        self.meter_interval_s = meter_interval_s
+        self.meter_interval_s, self.memory_detail_s = meter_interval_s, memory_detail_s
         self.tasks: dict[str, SuiteTask] = {}
         self._roots: dict[bytes, Workspace] = {}
         self._roots_lock = asyncio.Lock()
@@ -74,7 +77,9 @@ class RolloutEngine:
         await self.runtime.start()
         try:
             self.tasks = {t.id: t for t in await asyncio.to_thread(self.suite.tasks)}
-            self.meter = MemoryMeter(self.runtime.cgroup.memory_charge, self.meter_interval_s)
+            self.meter = MemoryMeter(self.runtime.cgroup.memory_charge, self.meter_interval_s,
+                                     detail=self.runtime.memory_detail if self.memory_detail_s else None,
+                                     detail_interval_s=self.memory_detail_s or 1.0)
             self.meter.start()
             self.gate = AdmissionGate(Admission(self.concurrency, self.memory_budget, memory=self.meter.now,
                                                 clock=time.monotonic))

@@ -12,6 +12,7 @@ or network namespace goes through the context, which rebinds it in the clone.
 from __future__ import annotations
 
 import mmap
+import pickle
 import random
 import socket
 import sys
@@ -90,6 +91,26 @@ class HugeHeap:
 
     def close(self) -> None:
         self.map.close()
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickled out of band (protocol 5): a state image (``state_image.dump``) writes the heap's bytes straight
+        from its memory, and ``state_image.load`` hands back fresh heap memory that the heap adopts."""
+        if protocol < 5:
+            raise pickle.PicklingError("a HugeHeap pickles with protocol 5 only (its bytes go out of band)")
+        return _adopt_heap, (self.size, pickle.PickleBuffer(memoryview(self.map)[:self.size]))
+
+
+def _adopt_heap(size: int, buffer: Any) -> HugeHeap:
+    """A heap around ``buffer``: adopted when it is a view of fresh anonymous memory, copied otherwise."""
+    view = memoryview(buffer)
+    owner = view.obj
+    if isinstance(owner, mmap.mmap) and len(owner) >= size:
+        heap = HugeHeap.__new__(HugeHeap)
+        heap.size, heap.map = size, owner
+        return heap
+    heap = HugeHeap(size)
+    heap.map[:size] = view[:size]
+    return heap
 
 
 @dataclass
@@ -172,15 +193,12 @@ class WorkspaceApp:
     def after_fork(self, ctx: AppContext) -> None:
         """Runs in the clone after the runtime re-opened files, re-created sockets and reseeded random state."""
 
-    def checkpoint(self) -> bytes:
-        """Serialised state for the private-restore backend (the CRIU-like baseline), called after
-        ``before_fork`` and before the workspace's files are snapshotted; bytes, or a list of bytes-like parts
-        written one after the other (so large buffers need not be copied into one object first).
-
-        An application whose state is partly in workers (``ctx.spawn``) must override this to be restorable, and
-        then carries its workers' state itself: ``handle.checkpoint()`` asks a worker for its
-        ``WorkerApp.checkpoint()``. The host refuses to checkpoint an application with workers that does not
-        override it."""
+    def checkpoint(self) -> bytes | list[Any]:
+        """The host process's state for the private-restore backend (the CRIU-like baseline), called after
+        ``before_fork`` and before the workspace's files are snapshotted: bytes, or a list of bytes-like parts
+        written one after the other. Faithful to a process dump: everything the process holds, so that ``restore``
+        reads it back instead of recomputing it; ``state_image.dump(obj)`` images a whole object graph with its
+        large buffers out of band. Workers image themselves (``WorkerApp.checkpoint``), one image per process."""
         return b""
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
@@ -188,8 +206,8 @@ class WorkspaceApp:
         concatenated parts, a read-only view of the mapped checkpoint file, valid during this call only).
 
         Runs instead of ``setup``, in the restored workspace (its files are the source's snapshot, the seed and
-        ``ctx.rng`` the clone's). Workers are spawned again here (``ctx.spawn``, with what the source spawned
-        them with) and handed their bytes (``handle.restore(data)``); call
+        ``ctx.rng`` the clone's). Workers are spawned again here, in the source's order (``ctx.spawn``, with what
+        the source spawned them with): each restores from its own image instead of running ``setup``. Call
         ``dont_fork_into_workers(data)`` first so they do not inherit the checkpoint's mapping."""
 
     def close(self) -> None:
@@ -217,17 +235,17 @@ class WorkerApp:
     def after_fork(self, ctx: AppContext) -> None:
         pass
 
-    def checkpoint(self) -> bytes:
-        """The worker's state for the private-restore backend (the CRIU-like baseline), called after
-        ``before_fork``. Optional: a worker that does not override it refuses (``WorkerError`` in the host), and
-        so does the restore backend for its workspace. The host application asks for it in its own
-        ``WorkspaceApp.checkpoint`` (``handle.checkpoint()``) and carries the bytes in its checkpoint."""
+    def checkpoint(self) -> bytes | list[Any]:
+        """The worker process's state for the private-restore backend (the CRIU-like baseline), called after
+        ``before_fork``; bytes or a list of parts (``state_image.dump``), written by the worker into its own image
+        file. Optional: a worker that does not override it refuses, and so does the restore backend for its
+        workspace."""
         raise NotImplementedError(f"{type(self).__name__} does not checkpoint its state")
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
-        """In a worker the restoring host spawned anew (``ctx.spawn`` in ``WorkspaceApp.restore``, so ``setup``
-        already ran, in the restored workspace, on its files): rebuild the rest of the state from
-        ``checkpoint()``'s bytes, in this process's private memory. Asked through ``handle.restore(data)``."""
+        """Instead of ``setup``, in a worker a restoring host spawned (``ctx.spawn`` in ``WorkspaceApp.restore``):
+        rebuild the state from ``checkpoint()``'s bytes (a view of the image, valid during this call only) in this
+        process's private memory, on the restored workspace's files. Nothing that was imaged is recomputed."""
         raise NotImplementedError(f"{type(self).__name__} does not restore state")
 
     def close(self) -> None:

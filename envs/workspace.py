@@ -46,10 +46,13 @@ CLOSE_GRACE_S = 5.0  # how long a host may take to say goodbye before it is kill
 
 @dataclass(frozen=True)
 class ForkTiming:
-    """``freeze_s``: how long the source stopped; ``ready_s``: from the fork request until the clone answered."""
+    """``freeze_s``: how long the source stopped for this fork; ``ready_s``: from the fork request until the clone
+    answered Ready (the clone's cgroup, layer and process included, for every backend). ``dump_reused``: a
+    private restore from a dump an earlier fork of the same source state made (no freeze; not in ``ready_s``)."""
 
     freeze_s: float
     ready_s: float
+    dump_reused: bool = False
 
 
 class WorkspaceServices(Protocol):
@@ -94,6 +97,7 @@ class Workspace:
         self.parent = parent
         self.generation = generation
         self.forks = 0  # how many clones this workspace has made; feeds the clones' seeds
+        self.calls = 0  # tool calls sent so far: the state changes only with them (a dump of it is valid until then)
         self._lock = asyncio.Lock()
         self._closing: asyncio.Future[None] | None = None
         self.broken: str | None = None
@@ -185,6 +189,7 @@ class Workspace:
         if not 0 < timeout < math.inf:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         deadline = deadline_s(timeout, limits)
+        self.calls += 1
         try:
             async with asyncio.timeout(deadline):
                 reply = await self.request(Execute(call=call, timeout_s=timeout))

@@ -33,12 +33,39 @@ def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
     assert [r["backend"] for r in data["results"]] == ["cow", "restore"]
     for row in data["results"]:
         assert {"backend", "size_bytes", "freeze_ms_p50", "freeze_ms_p95", "ready_ms_p50", "ready_ms_p95",
-                "clone_private_bytes"} <= set(row)
+                "again_ms_p50", "clone_private_bytes", "clone_page_tables_bytes"} <= set(row)
+        assert row["clone_page_tables_bytes"] > 0
         assert row["size_bytes"] == 8 << 20
         assert row["freeze_ms_p95"] >= row["freeze_ms_p50"] > 0
     assert data["ratios_cow_vs_restore"][0]["size_bytes"] == 8 << 20
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| backend |" in proc.stdout and "fork 2/2" in proc.stderr
+    assert "| backend |" in proc.stdout and "round 2/2" in proc.stderr
+    restore = data["results"][1]["samples"]
+    assert restore["again_ms"] and all(f > 0 for f in restore["freeze_ms"])  # every round dumps a new state
+
+
+def test_bench_memory_repeats_and_summarises(tmp_path: Path) -> None:
+    """Two repeats of a tiny batch on both backends: every run's figures (peak, mean, wall, GiB*s, the PSS sum,
+    page tables, engine and nursery), their medians and ranges, and the ratios within a repeat."""
+    out, plot = tmp_path / "memory.json", tmp_path / "memory.png"
+    proc = bunshin("bench", "memory", "--suite", "desktop", "--rollouts", "2", "--group-size", "2", "--repeat", "2",
+                   "--time-scale", "0", "--json", str(out), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert [(r["repeat"], r["backend"]) for r in data["results"]] == [
+        (0, "cow"), (0, "restore"), (1, "cow"), (1, "restore")]
+    for r in data["results"]:
+        assert r["ok"] == r["rollouts"] == 2
+        assert 0 < r["mean_bytes"] <= r["peak_bytes"]
+        assert r["pss_peak"] > 0 and r["page_tables_peak"] > 0 and r["engine_peak"] > 0 and r["nursery_peak"] > 0
+        assert r["total_gib_s"] > 0 and r["wall_s"] > 0
+    for run in data["summary"]["runs"]:
+        assert run["peak_bytes"]["n"] == 2
+        assert run["peak_bytes"]["min"] <= run["peak_bytes"]["median"] <= run["peak_bytes"]["max"]
+    assert [r["repeat"] for r in data["ratios"]] == [0, 1]
+    assert data["summary"]["ratios"][0]["peak_ratio"]["n"] == 2
+    assert "mean memory cow/restore" in proc.stdout and "[2/4]" in proc.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_arguments_name_the_culprit() -> None:

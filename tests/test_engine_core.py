@@ -254,6 +254,21 @@ def test_the_meter_integrates_by_trapezoids_and_keeps_the_peak() -> None:
         meter.sample()
     assert meter.peak_bytes == 3 << 30
     assert meter.gib_s == pytest.approx((1 + 3) / 2 * 2 + (3 + 1) / 2 * 1)
+    assert meter.wall_s == 3
+    assert meter.mean_bytes == pytest.approx(meter.gib_s / 3 * (1 << 30))  # GiB*s over the time it covers
+
+
+def test_the_meters_detail_readings_peak_field_by_field() -> None:
+    from bunshin.envs.runtime.memory import RunMemory
+
+    clock = Clock()
+    meter = MemoryMeter(lambda: 0, 0.25, clock=clock, detail=RunMemory)
+    for t, pss, tables in [(0, 5, 1), (1, 9, 2), (2, 7, 4)]:
+        clock.t = 100.0 + t
+        meter.add_detail(RunMemory(pss=pss, page_tables=tables, cgroup_charge=10))
+    assert meter.detail_peaks() == {**dict.fromkeys(RunMemory.__struct_fields__, 0), "pss": 9, "page_tables": 4,
+                                    "cgroup_charge": 10}
+    assert [t for t, _ in meter.details] == [0, 1, 2]
 
 
 # -- the episode's moves -------------------------------------------------------------------------------------------

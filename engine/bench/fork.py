@@ -1,8 +1,10 @@
 """``bunshin bench fork``: the live fork against the private-restore baseline, by workspace size.
 
 Owns: filling a workspace application with live heap state, forking it repeatedly with each backend, and
-measuring per fork the source's freeze window, fork-to-ready latency, and the clone's private memory right after
-the fork and after it writes 1% and 10% of its heap pages.
+measuring per round: a tool call on the source (a new state), a first fork (the source's freeze window: for the
+restore backend its dump; fork-to-ready, that dump included) and a second fork of the same state (fork-to-ready:
+a restore from the existing dump, as CRIU restores one image many times); the first clone's private memory and
+page tables right after the fork and after it writes 1% and 10% of its heap pages.
 Must never: compare numbers from different runs: both backends run here, in this process, one after the other.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 from bunshin.envs.records import Limits
+from bunshin.envs.runtime.memory import page_tables
 
 from ..errors import EngineError
 from .report import human_bytes, markdown_table, percentile, pyplot, write_json
@@ -24,7 +27,8 @@ COLUMNS = [
     ("backend", "backend"), ("size", "size"), ("forks", "forks"),
     ("freeze_ms_p50", "freeze p50 ms"), ("freeze_ms_p95", "freeze p95 ms"),
     ("ready_ms_p50", "ready p50 ms"), ("ready_ms_p95", "ready p95 ms"),
-    ("clone_private", "clone private"), ("clone_private_1pct", "after 1% writes"),
+    ("again_ms_p50", "same state again: ready p50 ms"),
+    ("clone_private", "clone private"), ("clone_page_tables", "clone page tables"), ("clone_private_1pct", "after 1% writes"),
     ("clone_private_10pct", "after 10% writes"),
 ]
 
@@ -36,36 +40,44 @@ def _log(message: str) -> None:
 async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
     app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": size})
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
-    freeze, ready, private, private1, private10 = [], [], [], [], []
+    freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     async with WorkspaceRuntime(backend=backend, limits=limits) as rt:
         started = time.monotonic()
         source = await rt.create(app)
         _log(f"[{backend} {human_bytes(size)}] source ready in {time.monotonic() - started:.2f}s, "
              f"memory {human_bytes(source.memory().pss)} PSS")
         for i in range(forks):
+            await source.execute(ToolCall(name="write_pages", args={"page": i, "value": i & 0xFF}))
             clone = await source.fork()
-            if clone.last_fork is None:
+            second = await source.fork()
+            if clone.last_fork is None or second.last_fork is None:
                 raise EngineError(f"the {rt.backend_name} backend returned {clone.id} without its fork timing")
             freeze.append(clone.last_fork.freeze_s * 1e3)
             ready.append(clone.last_fork.ready_s * 1e3)
+            again.append(second.last_fork.ready_s * 1e3)
+            await second.close()
             private.append(clone.memory().private)
+            tables.append(sum(page_tables(pid) for pid in clone.cgroup.procs()))
             await clone.execute(ToolCall(name="write_pages", args={"fraction": 0.01}))
             private1.append(clone.memory().private)
             await clone.execute(ToolCall(name="write_pages", args={"fraction": 0.10, "value": 0xCD}))
             private10.append(clone.memory().private)
             await clone.close()
-            _log(f"[{backend} {human_bytes(size)}] fork {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
-                 f"ready {ready[-1]:.1f} ms, clone private {human_bytes(private[-1])}")
+            _log(f"[{backend} {human_bytes(size)}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
+                 f"ready {ready[-1]:.1f} ms, again {again[-1]:.1f} ms, clone private {human_bytes(private[-1])}")
     med = lambda xs: int(percentile(xs, 50))  # noqa: E731
     return {
         "backend": backend, "size_bytes": size, "size": human_bytes(size), "forks": forks,
         "freeze_ms_p50": percentile(freeze, 50), "freeze_ms_p95": percentile(freeze, 95),
         "ready_ms_p50": percentile(ready, 50), "ready_ms_p95": percentile(ready, 95),
+        "again_ms_p50": percentile(again, 50), "again_ms_p95": percentile(again, 95),
+        "clone_page_tables_bytes": med(tables), "clone_page_tables": human_bytes(med(tables)),
         "clone_private_bytes": med(private), "clone_private_bytes_after_1pct": med(private1),
         "clone_private_bytes_after_10pct": med(private10),
         "clone_private": human_bytes(med(private)), "clone_private_1pct": human_bytes(med(private1)),
         "clone_private_10pct": human_bytes(med(private10)),
-        "samples": {"freeze_ms": freeze, "ready_ms": ready, "clone_private_bytes": private},
+        "samples": {"freeze_ms": freeze, "ready_ms": ready, "again_ms": again, "clone_private_bytes": private,
+                    "clone_page_tables_bytes": tables},
     }
 
 
@@ -80,6 +92,7 @@ def _ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "size_bytes": size, "size": human_bytes(size),
             "freeze_p50_ratio": r["freeze_ms_p50"] / base["freeze_ms_p50"],
             "ready_p50_ratio": r["ready_ms_p50"] / base["ready_ms_p50"],
+            "again_p50_ratio": r["again_ms_p50"] / base["again_ms_p50"],
             "clone_private_ratio": r["clone_private_bytes"] / max(base["clone_private_bytes"], 1),
         })
     return out
@@ -121,6 +134,7 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
                  for r in data["ratios_cow_vs_restore"]]
         print(markdown_table(shown, [
             ("size", "size"), ("freeze_p50_ratio", "freeze cow/restore"), ("ready_p50_ratio", "ready cow/restore"),
+            ("again_p50_ratio", "same state again: ready cow/restore"),
             ("clone_private_ratio", "clone private cow/restore")]))
     if json_path:
         write_json(json_path, data)

@@ -1,16 +1,20 @@
-"""``bunshin bench memory``: peak and total memory as concurrent rollouts grow, live fork vs private restore.
+"""``bunshin bench memory``: memory and time as concurrent rollouts grow, live fork vs private restore.
 
-Owns: the procedure. For each backend and each rollout count N, one engine runs N concurrent rollouts of the
-suite's calibrated default workload (``--group-size`` samples per task, the first N / group-size tasks, the
-scripted policy with ``--time-scale`` so that rollouts overlap), and its memory meter samples the run's cgroup
-charge (every workspace of the run, shared pages counted once) every 0.25 s: ``peak_bytes``, ``total_gib_s``
-(the integral over the run), ``wall_s``. Results as JSON ``{"results": [...], "ratios": [...]}``, a table, and a
-PNG of memory over time per run.
+Owns: the procedure and its summary. For each repeat, backend and rollout count N, one engine runs N concurrent
+rollouts of the suite's calibrated default workload (``--group-size`` samples per task, the first N / group-size
+tasks, the scripted policy with ``--time-scale`` so that rollouts overlap). Its meter samples the run's cgroup
+charge every 0.25 s (every workspace of the run, shared pages counted once; each host's interpreter start-up
+included, for both backends) and, every second in a thread, the detailed reading: PSS summed over the run's
+processes plus tmpfs, their private memory and page tables, and the engine's and nursery's own PSS (outside the
+run). Per run: ``peak_bytes``, ``mean_bytes`` (GiB*s / wall), ``wall_s``, ``total_gib_s`` and the detail peaks.
+Repeats run backend after backend within a repeat; the summary gives each figure's median and range over the
+repeats, and the cow/restore ratios are taken within a repeat, then summarised the same way.
 Must never: compare runs of different workloads: both backends run the same requests with the same seed.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,57 +27,125 @@ from ..records import Status
 from ..rollout import RolloutEngine
 from .report import human_bytes, markdown_table, pyplot, write_json
 
-COLUMNS = [("backend", "backend"), ("rollouts", "rollouts"), ("peak", "peak memory"),
-           ("total_gib_s", "total GiB*s"), ("wall_s", "wall s"), ("ok", "finished ok")]
+GiB = 1 << 30
+FIGURES = ("peak_bytes", "mean_bytes", "wall_s", "total_gib_s", "pss_peak", "page_tables_peak", "engine_peak",
+           "nursery_peak")
+RATIOS = (("peak_ratio", "peak_bytes"), ("mean_ratio", "mean_bytes"), ("wall_ratio", "wall_s"),
+          ("total_ratio", "total_gib_s"))
 
 
 async def measure(suite: Suite, backend: str, rollouts: int, group_size: int, time_scale: float,
                   seed: int) -> dict[str, Any]:
     groups = max(1, rollouts // group_size)
-    engine = RolloutEngine(suite, ScriptedPolicy(time_scale=time_scale), backend=backend, concurrency=rollouts)
+    engine = RolloutEngine(suite, ScriptedPolicy(time_scale=time_scale), backend=backend, concurrency=rollouts,
+                           memory_detail_s=1.0)
     started = time.monotonic()
     async with engine:
         requests = engine.requests(limit=groups, group_size=group_size, seed=seed)
         results = await engine.run(requests)
     wall = time.monotonic() - started
-    return {"backend": backend, "rollouts": len(results), "peak_bytes": engine.meter.peak_bytes,
-            "total_gib_s": round(engine.meter.gib_s, 3), "wall_s": round(wall, 2),
+    meter = engine.meter
+    peaks = meter.detail_peaks()
+    return {"backend": backend, "rollouts": len(results), "peak_bytes": meter.peak_bytes,
+            "mean_bytes": round(meter.mean_bytes), "total_gib_s": round(meter.gib_s, 3), "wall_s": round(wall, 2),
+            "metered_s": round(meter.wall_s, 2),
+            "pss_peak": max((d["pss"] + d["shmem"] for _, d in meter.details), default=0),
+            "private_peak": peaks.get("private", 0), "page_tables_peak": peaks.get("page_tables", 0),
+            "engine_peak": peaks.get("engine", 0), "nursery_peak": peaks.get("nursery", 0),
             "ok": sum(r.trajectory.status == Status.OK for r in results),
             "statuses": {s: n for s in Status if (n := sum(r.trajectory.status == s for r in results))},
             "errors": sorted({(r.trajectory.error or "")[:200] for r in results if r.trajectory.error})[:5],
             "mean_reward": round(sum(r.trajectory.reward for r in results) / max(len(results), 1), 4),
-            "timeline": [(round(t, 2), v) for t, v in engine.meter.timeline]}
+            "timeline": [(round(t, 2), v) for t, v in meter.timeline],
+            "details": [(round(t, 2), d) for t, d in meter.details]}
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["backend"], r["rollouts"]): r for r in results}
+    """cow / restore per repeat and rollout count, for each figure of ``RATIOS``."""
+    by = {(r["repeat"], r["backend"], r["rollouts"]): r for r in results}
     out = []
-    for (backend, n), r in sorted(by.items()):
-        other = by.get(("restore", n))
-        if backend == "cow" and other:
-            out.append({"rollouts": n, "peak_ratio": round(r["peak_bytes"] / other["peak_bytes"], 4),
-                        "total_ratio": round(r["total_gib_s"] / other["total_gib_s"], 4)})
+    for (repeat, backend, n), cow in sorted(by.items()):
+        restore = by.get((repeat, "restore", n))
+        if backend == "cow" and restore:
+            out.append({"repeat": repeat, "rollouts": n,
+                        **{name: round(cow[key] / restore[key], 4) if restore[key] else None
+                           for name, key in RATIOS}})
     return out
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(results: list[dict[str, Any]], rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range over the repeats of every figure per (backend, rollouts), and of every ratio."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        runs.setdefault((r["backend"], r["rollouts"]), []).append(r)
+    per_run = [{"backend": b, "rollouts": n, "ok": min(r["ok"] for r in rows),
+                **{f: spread([r[f] for r in rows]) for f in FIGURES}} for (b, n), rows in sorted(runs.items())]
+    per_ratio: dict[int, list[dict[str, Any]]] = {}
+    for r in rs:
+        per_ratio.setdefault(r["rollouts"], []).append(r)
+    ratio_rows = [{"rollouts": n, **{name: spread([r[name] for r in rows if r[name] is not None])
+                                     for name, _ in RATIOS}} for n, rows in sorted(per_ratio.items())]
+    return {"runs": per_run, "ratios": ratio_rows}
+
+
+def _cell(s: dict[str, float], fmt: Any) -> str:
+    if s["n"] == 1:
+        return fmt(s["median"])
+    return f"{fmt(s['median'])} [{fmt(s['min'])}-{fmt(s['max'])}]"
+
+
+def tables(summary: dict[str, Any]) -> str:
+    gib = lambda v: f"{v / GiB:.2f}"  # noqa: E731
+    mib = lambda v: f"{v / (1 << 20):.0f}"  # noqa: E731
+    num = lambda v: f"{v:.1f}"  # noqa: E731
+    rows = [{"backend": r["backend"], "rollouts": r["rollouts"], "ok": r["ok"],
+             "peak": _cell(r["peak_bytes"], gib), "mean": _cell(r["mean_bytes"], gib),
+             "wall": _cell(r["wall_s"], num), "gib_s": _cell(r["total_gib_s"], num),
+             "pss": _cell(r["pss_peak"], gib), "pt": _cell(r["page_tables_peak"], mib),
+             "engine": _cell(r["engine_peak"], mib), "nursery": _cell(r["nursery_peak"], mib)}
+            for r in summary["runs"]]
+    first = markdown_table(rows, [
+        ("backend", "backend"), ("rollouts", "rollouts"), ("ok", "finished ok (min)"),
+        ("peak", "peak GiB (cgroup)"), ("mean", "mean GiB (GiB*s / wall)"), ("wall", "wall s"),
+        ("gib_s", "GiB*s"), ("pss", "peak GiB (PSS + tmpfs)"), ("pt", "page tables MiB (peak)"),
+        ("engine", "engine MiB"), ("nursery", "nursery MiB")])
+    ratio = lambda v: f"{v:.3f}"  # noqa: E731
+    second = markdown_table([{"rollouts": r["rollouts"], **{name: _cell(r[name], ratio) for name, _ in RATIOS}}
+                             for r in summary["ratios"]],
+                            [("rollouts", "rollouts"), ("peak_ratio", "peak cow/restore"),
+                             ("mean_ratio", "mean memory cow/restore"), ("wall_ratio", "wall cow/restore"),
+                             ("total_ratio", "GiB*s cow/restore")])
+    return f"{first}\n\n{second}" if summary["ratios"] else first
+
+
+def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in results:
-        ts = [t for t, _ in r["timeline"]]
-        ax.plot(ts, [v / 2**30 for _, v in r["timeline"]], label=f"{r['backend']} x{r['rollouts']}",
-                linestyle="-" if r["backend"] == "cow" else "--")
+        if r["repeat"] != 0:
+            continue
+        ax.plot([t for t, _ in r["timeline"]], [v / GiB for _, v in r["timeline"]],
+                label=f"{r['backend']} x{r['rollouts']}", linestyle="-" if r["backend"] == "cow" else "--")
     ax.set_xlabel("seconds")
     ax.set_ylabel("run memory (GiB, cgroup charge)")
-    ax.set_title("memory over time")
+    ax.set_title("memory over time (first repeat)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
-    for backend in sorted({r["backend"] for r in results}):
-        rs = sorted((r for r in results if r["backend"] == backend), key=lambda r: r["rollouts"])
-        ax2.plot([r["rollouts"] for r in rs], [r["peak_bytes"] / 2**30 for r in rs], marker="o", label=backend)
+    for backend in sorted({r["backend"] for r in summary["runs"]}):
+        rows = [r for r in summary["runs"] if r["backend"] == backend]
+        xs = [r["rollouts"] for r in rows]
+        for key, style, label in (("peak_bytes", "-o", "peak"), ("mean_bytes", ":s", "mean")):
+            med = [r[key]["median"] / GiB for r in rows]
+            err = [[m - r[key]["min"] / GiB for m, r in zip(med, rows)],
+                   [r[key]["max"] / GiB - m for m, r in zip(med, rows)]]
+            ax2.errorbar(xs, med, yerr=err, fmt=style, capsize=3, label=f"{backend} {label}")
     ax2.set_xlabel("concurrent rollouts")
-    ax2.set_ylabel("peak memory (GiB)")
-    ax2.set_title("peak memory as rollouts grow")
+    ax2.set_ylabel("GiB (median, range over repeats)")
+    ax2.set_title("peak and mean memory as rollouts grow")
     ax2.legend()
     ax2.grid(alpha=0.3)
     fig.tight_layout()
@@ -82,25 +154,28 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 async def main(suite: Suite, counts: list[int], backends: list[str], group_size: int, time_scale: float,
-               seed: int, json_path: Path | None, plot_path: Path | None) -> int:
+               seed: int, json_path: Path | None, plot_path: Path | None, repeat: int = 1) -> int:
+    if repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {repeat}")
     results = []
-    for backend in backends:
-        for n in counts:
-            print(f"{backend}: {n} rollouts ...", file=sys.stderr, flush=True)
-            r = await measure(suite, backend, n, group_size, time_scale, seed)
-            print(f"{backend}: {n} rollouts: peak {human_bytes(r['peak_bytes'])}, {r['total_gib_s']} GiB*s, "
-                  f"{r['wall_s']} s, {r['ok']} ok", file=sys.stderr, flush=True)
-            results.append(r)
-    shown = [{**r, "peak": human_bytes(r["peak_bytes"])} for r in results]
-    print(markdown_table(shown, COLUMNS))
+    total, done = repeat * len(backends) * len(counts), 0
+    for k in range(repeat):
+        for backend in backends:
+            for n in counts:
+                done += 1
+                print(f"[{done}/{total}] repeat {k + 1}/{repeat}, {backend}: {n} rollouts ...", file=sys.stderr,
+                      flush=True)
+                r = {"repeat": k, **await measure(suite, backend, n, group_size, time_scale, seed)}
+                print(f"[{done}/{total}] {backend} x{n}: peak {human_bytes(r['peak_bytes'])}, mean "
+                      f"{human_bytes(r['mean_bytes'])}, {r['wall_s']} s, {r['total_gib_s']} GiB*s, {r['ok']} ok",
+                      file=sys.stderr, flush=True)
+                results.append(r)
     rs = ratios(results)
-    if rs:
-        print()
-        print(markdown_table(rs, [("rollouts", "rollouts"), ("peak_ratio", "peak cow/restore"),
-                                  ("total_ratio", "GiB*s cow/restore")]))
+    summary = summarize(results, rs)
+    print(tables(summary))
     if json_path:
         write_json(json_path, {"suite": suite.name, "group_size": group_size, "time_scale": time_scale,
-                               "results": results, "ratios": rs})
+                               "repeat": repeat, "summary": summary, "ratios": rs, "results": results})
     if plot_path:
-        plot(results, plot_path)
-    return 0
+        plot(results, summary, plot_path)
+    return 0 if all(r["ok"] == r["rollouts"] for r in results) else 1

@@ -49,12 +49,12 @@ the other sample's and ~0.45 physically shared.
 from __future__ import annotations
 
 import os
-import pickle
 import shlex
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import state_image
 from ..app import AppContext, Tool, ToolError, WorkspaceApp
 from ..records import Observation, ToolCall
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
@@ -135,15 +135,19 @@ class DesktopApp(WorkspaceApp):
             os.mkdir(d, 0o755)
             os.chown(d, AGENT_UID, AGENT_GID)
 
-    def checkpoint(self) -> bytes:
-        return pickle.dumps((self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
-                             self.versions))
+    def checkpoint(self) -> list[bytes | memoryview]:
+        """The session's image (``state_image``): windows, documents, the warmed-up session cache (its heap out
+        of band), the compositor's textures and the screen recording."""
+        return state_image.dump((self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
+                                 self.versions, self.cache, self.compositor, self.recording))
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
+        """Instead of ``setup``: the session read back from its image into private memory (the cache is not
+        rebuilt, the textures not re-rendered)."""
         self.ctx = ctx
-        self._warm_up()
-        (self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
-         self.versions) = pickle.loads(data)
+        (self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order, self.versions, self.cache,
+         self.compositor, self.recording) = state_image.load(data)
+        font()  # the UI font, loaded as the process's libraries are
 
     def close(self) -> None:
         if self.cache is not None:

@@ -191,6 +191,18 @@ class Cgroup:
         except (FileNotFoundError, ValueError):
             return 0
 
+    def shmem(self) -> int:
+        """tmpfs and shared-memory pages charged to this group's subtree (``memory.stat``), bytes."""
+        key = "shmem" if self.layout.version == 2 else "total_shmem"
+        try:
+            for line in (self.path("memory") / "memory.stat").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (FileNotFoundError, ValueError):
+            pass
+        return 0
+
     def oom_kills(self) -> int:
         """OOM kills in this group's subtree (a counter that only grows; compare two readings)."""
         name = "memory.events" if self.layout.version == 2 else "memory.oom_control"

@@ -82,6 +82,7 @@ class Host:
         self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
                               run_agent=self.agents.run, spawner=self.spawn_worker)
         self.workers: list[workers.WorkerHandle] = []
+        self.restoring: tuple[str, int] | None = None  # (dump, worker images) while the app restores
 
     # -- faults (named steps a test can make fail) ------------------------------------------------------------
     def fault(self, name: str) -> None:
@@ -113,7 +114,7 @@ class Host:
                                   image_binds=cfg.image_binds, runtime_binds=cfg.runtime_binds)
         namespaces.loopback_up()
         if cfg.restore_from is not None:
-            checkpoint.restore_app(self, cfg.restore_from)
+            checkpoint.restore_app(self, cfg.restore_from, cfg.restore_workers)
         else:
             self.app.setup(self.ctx)
         self.fault("start.after_setup")
@@ -204,12 +205,18 @@ class Host:
     # -- workers ------------------------------------------------------------------------------------------------
     def spawn_worker(self, target: str, kwargs: dict[str, Any]) -> workers.WorkerHandle:
         index = len(self.workers)
-        handle = workers.spawn(
-            target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
-            close_in_child=[self.sock.close, *(w.close for w in self.workers), self.agents.close_namespace_fd,
-                            *(f.close for f in self.ctx.files), *(s.close for s in self.ctx.sockets),
-                            *(lambda fd=fd: os.close(fd) for fd in self.private_fds())],
-        )
+        image = checkpoint.worker_image(self, index)  # restoring: the source's worker at this index, imaged
+        try:
+            handle = workers.spawn(
+                target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
+                close_in_child=[self.sock.close, *(w.close for w in self.workers), self.agents.close_namespace_fd,
+                                *(f.close for f in self.ctx.files), *(s.close for s in self.ctx.sockets),
+                                *(lambda fd=fd: os.close(fd) for fd in self.private_fds())],
+                image=image,
+            )
+        finally:
+            if image is not None:
+                os.close(image[0])
         self.workers.append(handle)
         return handle
 

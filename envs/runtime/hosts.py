@@ -104,7 +104,8 @@ class Hosts:
 
     # -- starting ------------------------------------------------------------------------------------------------
     async def start(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
-                    restore_from: str | None = None, parent: str | None = None, generation: int = 0,
+                    restore_from: str | None = None, restore_workers: int = 0, parent: str | None = None,
+                    generation: int = 0,
                     cls: type[Workspace] = Workspace) -> Workspace:
         """Spawn a host on an existing layer and wait until it is ready; on any failure (cancellation too) undo
         the cgroup, the layer, the mount point and the process."""
@@ -123,7 +124,7 @@ class Hosts:
             ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=run.image.lower,
             image_binds=[b.path for b in run.image.binds], runtime_binds=run.runtime_binds,
             mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=run.nursery.pid,
-            restore_from=restore_from, faults=run.faults,
+            restore_from=restore_from, restore_workers=restore_workers, faults=run.faults,
         )
         pid: int | None = None
         try:
@@ -132,7 +133,8 @@ class Hosts:
                 [sys.executable, "-m", "bunshin.envs.runtime.host", "--channel", "{0}", "--pool", "{1}",
                  "--cgroups", ",".join(f"{{{i + 2}}}" for i in range(len(run.cgroup_fds)))],
                 fds=[host_end.fileno(), run.pool_fd, *run.cgroup_fds],
-                log_path=str(run.run_dir / f"host-{ws_id}.log"), cwd=str(run.run_dir))
+                log_path=str(run.run_dir / f"host-{ws_id}.log"), cwd=str(run.run_dir),
+                cgroup_rel=f"ws-{ws_id}", cgroup_fds=list(range(2, 2 + len(run.cgroup_fds))))
             host_end.close()
             engine_end.setblocking(False)
             await async_send_frame(engine_end, encoder.encode(config))
@@ -204,6 +206,7 @@ class Hosts:
         await self.run.nursery.wait_exit(ws.pid, timeout=10.0)
         self.run.nursery.forget(ws.pid)
         await asyncio.to_thread(self.remove_remains, ws.cgroup, ws.layer, ws.id)
+        await self.backend.forget(ws)
 
     async def wait_discards(self) -> None:
         """Until every discard started so far has finished (their failures are theirs: reported by the caller)."""

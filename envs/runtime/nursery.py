@@ -22,6 +22,7 @@ import sys
 
 from ..errors import EnvsError
 from . import syscalls
+from .cgroups import join_by_fds
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
 from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
 
@@ -67,9 +68,15 @@ def serve(control: socket.socket) -> None:
 def _spawn(request: NurserySpawn, fds: list[int]) -> subprocess.Popen[bytes]:
     # The request's argv names descriptors as {0}, {1}, ...: the numbers they got here.
     argv = [arg.format(*fds) for arg in request.argv]
+    join = None
+    if request.cgroup_rel is not None:  # before the program runs: everything it ever allocates is charged there
+        hierarchies, rel = [fds[i] for i in request.cgroup_fds], request.cgroup_rel
+
+        def join() -> None:
+            join_by_fds(hierarchies, rel)
     with open(request.log_path, "ab") as log:
         return subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                cwd=request.cwd, start_new_session=True)
+                                cwd=request.cwd, start_new_session=True, preexec_fn=join)
 
 
 def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
@@ -169,15 +176,18 @@ class Nursery:
             raise NurseryError("the nursery is not running")
         return self._sock
 
-    async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str) -> int:
-        """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery. A cancelled
+    async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str, *,
+                    cgroup_rel: str | None = None, cgroup_fds: list[int] | None = None) -> int:
+        """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery, in cgroup
+        ``cgroup_rel`` below the hierarchies ``cgroup_fds`` (indexes into ``fds``) from its first instruction. A cancelled
         caller does not leave a reply in the queue for the next one: the exchange completes regardless (a host
         spawned for nobody finds its channel closed and exits)."""
         if self._sock is None:
             raise NurseryError("the nursery is not running")
         owned = [os.dup(fd) for fd in fds]  # the exchange may outlive the caller and its descriptors
         reply = await asyncio.shield(self._spawn_exchange(
-            encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd)), owned))
+            encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd, cgroup_rel=cgroup_rel,
+                                        cgroup_fds=cgroup_fds or [])), owned))
         if isinstance(reply, NurseryFailed):
             raise NurseryError(reply.message)
         return reply.pid

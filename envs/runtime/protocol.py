@@ -32,6 +32,7 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     app: AppSpec
     reaper_pid: int  # the run's nursery: clones are orphaned onto it, and die when it dies
     restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
+    restore_workers: int = 0  # worker images beside it, ``<restore_from>.w<index>``
     faults: list[str] = []
 
 
@@ -89,8 +90,9 @@ class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
 
 
 class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):
-    bytes_written: int
+    bytes_written: int  # every image: the host's and its workers'
     freeze_ns: int
+    workers: int = 0  # worker images written beside the host's, ``<path>.w<index>``
 
 
 class Pong(msgspec.Struct, frozen=True, kw_only=True, tag="pong"):
@@ -118,6 +120,8 @@ class NurserySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     argv: list[str]
     log_path: str
     cwd: str
+    cgroup_rel: str | None = None  # join this group below each of the descriptors ``cgroup_fds`` before running
+    cgroup_fds: list[int] = []  # indexes into the frame's descriptors: cgroup hierarchy directories
 
 
 class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
@@ -166,13 +170,8 @@ class WorkerAdopt(msgspec.Struct, frozen=True, kw_only=True, tag="adopt"):
 
 
 class WorkerCheckpoint(msgspec.Struct, frozen=True, tag="checkpoint"):
-    """For the private-restore backend: quiesce (``before_fork``) and answer ``WorkerApp.checkpoint()``."""
-
-
-class WorkerRestore(msgspec.Struct, frozen=True, tag="restore"):
-    """To a worker freshly spawned by a restoring host: ``WorkerApp.restore(ctx, data)``."""
-
-    data: bytes
+    """For the private-restore backend: quiesce (``before_fork``) and write ``WorkerApp.checkpoint()`` as a
+    checkpoint file into the descriptor sent with the message (the worker's own image); answers the bytes written."""
 
 
 class WorkerReply(msgspec.Struct, frozen=True, kw_only=True, tag="reply"):
@@ -180,7 +179,7 @@ class WorkerReply(msgspec.Struct, frozen=True, kw_only=True, tag="reply"):
     error: str | None = None
 
 
-WorkerMessage = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt | WorkerCheckpoint | WorkerRestore
+WorkerMessage = WorkerCall | WorkerBeforeFork | WorkerFork | WorkerAdopt | WorkerCheckpoint
 
 
 encoder = msgspec.msgpack.Encoder()

@@ -26,7 +26,7 @@ from .fork.backends import check_backend, make_backend
 from .hosts import Hosts, RunResources
 from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
 from .layers import LayerStore
-from .memory import processes_memory
+from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
@@ -169,3 +169,11 @@ class WorkspaceRuntime:
         if not hasattr(self, "cgroup"):
             return MemoryStats()
         return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
+
+    def memory_detail(self) -> RunMemory:
+        """The run's memory by both measures, its page tables, and the engine's and nursery's own (blocking: it
+        reads every process of the run; call it in a thread)."""
+        if not hasattr(self, "cgroup"):
+            return RunMemory()
+        return run_memory(self.cgroup.procs(), self.cgroup.memory_charge(), self.cgroup.shmem(),
+                          getattr(self.nursery, "pid", None))

@@ -4,8 +4,8 @@
 Owns: spawning a worker (a fork of the host running a ``WorkerApp``), the host's synchronous handle on it
 (``WorkerHandle``: calls, quiescing, its fork, checkpoint and restore), and the worker process's serve loop (the
 host's requests, and the app's own sockets). How a worker forks with its workspace is ``fork/worker.py``.
-For the private-restore backend a worker may implement ``checkpoint``/``restore``; the host application carries
-its workers' checkpoints in its own and, when restored, spawns them again and hands each its bytes.
+For the private-restore backend a worker may implement ``checkpoint``/``restore``: it writes its own image (a
+checkpoint file the host opens and hands it), and a restoring host re-spawns it from that image instead of setup.
 Must never: keep a descriptor of the host's that the host did not mean it to keep (``close_in_child``).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from ..app import AppContext, WorkerApp, WorkerError
-from . import syscalls
+from . import checkpoint_file, syscalls
 from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import worker as worker_fork
 from .protocol import (
@@ -35,7 +35,6 @@ from .protocol import (
     WorkerFork,
     WorkerMessage,
     WorkerReply,
-    WorkerRestore,
     encoder,
     worker_message_decoder,
     worker_reply_decoder,
@@ -65,17 +64,10 @@ class WorkerHandle:
     def fork(self, clone_end: int) -> None:
         self._exchange(WorkerFork(), fds=[clone_end])
 
-    def checkpoint(self) -> bytes:
-        """The worker's ``before_fork`` then ``checkpoint()``: its state for the private-restore backend."""
-        value = self._exchange(WorkerCheckpoint()).value
-        if not isinstance(value, bytes):
-            raise WorkerError(f"worker {self.index} (pid {self.pid}): checkpoint() returned "
-                              f"{type(value).__name__}, not bytes")
-        return value
-
-    def restore(self, data: bytes) -> None:
-        """The worker's ``restore(ctx, data)`` (a worker just spawned by a restoring host)."""
-        self._exchange(WorkerRestore(data=bytes(data)))
+    def checkpoint(self, image_fd: int) -> int:
+        """The worker's ``before_fork``, then its ``checkpoint()`` written by the worker itself into ``image_fd``
+        (a checkpoint file: the worker's image); the bytes written."""
+        return int(self._exchange(WorkerCheckpoint(), fds=[image_fd]).value)
 
     def adopt(self, pidfd: int, new_sock: socket.socket, **fields: Any) -> None:
         """Hand the worker's clone (answering on ``new_sock``) to the calling clone host; this handle then
@@ -159,17 +151,23 @@ class Worker:
                     return WorkerReply(error=f"fork needs exactly one descriptor, got {len(fds)}")
                 return worker_fork.fork(self, fds[0])
             case WorkerCheckpoint():
-                self.app.before_fork(self.ctx)  # the workspace's files are snapshotted after this answer
-                return WorkerReply(value=bytes(self.app.checkpoint()))
-            case WorkerRestore(data=data):
-                self.app.restore(self.ctx, data)
-                return WorkerReply()
+                if len(fds) != 1:
+                    return WorkerReply(error=f"checkpoint needs exactly one descriptor, got {len(fds)}")
+                try:
+                    self.app.before_fork(self.ctx)  # the workspace's files are snapshotted after this answer
+                    state = self.app.checkpoint()
+                    parts = state if isinstance(state, list) else [state]
+                    return WorkerReply(value=checkpoint_file.write_fd(fds[0], parts))
+                finally:
+                    os.close(fds[0])
         return WorkerReply(error=f"unexpected {type(message).__name__}")
 
 
 def spawn(target: str, kwargs: dict[str, Any], index: int, ws_id: str, seed: int, cgroup_fds: list[int],
-          close_in_child: list[Callable[[], None]]) -> WorkerHandle:
-    """Fork a worker from the host. ``close_in_child`` close what of the host the worker must not keep open."""
+          close_in_child: list[Callable[[], None]], image: tuple[int, str] | None = None) -> WorkerHandle:
+    """Fork a worker from the host. ``close_in_child`` close what of the host the worker must not keep open.
+    With ``image`` (an open checkpoint file and its name) the worker restores its state from it instead of
+    running ``setup``: a restoring host re-spawning the source's workers."""
     cls = load(target)
     if not (isinstance(cls, type) and issubclass(cls, WorkerApp)):
         raise TypeError(f"{target} is not a WorkerApp subclass")
@@ -183,7 +181,10 @@ def spawn(target: str, kwargs: dict[str, Any], index: int, ws_id: str, seed: int
             syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
             ctx = AppContext(ws_id=ws_id, seed=seed, rng=random.Random(seed), run_agent=_no_agents)
             app = cls(**kwargs)
-            app.setup(ctx)
+            if image is None:
+                app.setup(ctx)
+            else:
+                _restore(app, ctx, *image)
             send_frame(theirs, encoder.encode(WorkerReply(value=os.getpid())))
             Worker(theirs, app, ctx, cgroup_fds).serve()
             app.close()
@@ -199,6 +200,16 @@ def spawn(target: str, kwargs: dict[str, Any], index: int, ws_id: str, seed: int
         os.waitpid(pid, 0)
         raise WorkerError(f"worker {target} exited during setup") from exc
     return WorkerHandle(index, pid, ours)
+
+
+def _restore(app: WorkerApp, ctx: AppContext, fd: int, name: str) -> None:
+    mapping, payload = checkpoint_file.map_verified_fd(fd, name)
+    os.close(fd)
+    try:
+        app.restore(ctx, payload)
+    finally:
+        payload.release()
+        mapping.close()
 
 
 def _no_agents(cmd: str, timeout_s: float) -> Any:

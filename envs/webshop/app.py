@@ -6,8 +6,8 @@ through the schema; each answers with the page's accessibility tree and a screen
 uses to set a task up and to evaluate it (``_start``, ``_element``,
 ``_page_text``, ``_shop_json``, ``_url``), and re-homing the browser after a fork (its cookie jar and pages are
 plain memory and fork with the host; its connections are made per request, so nothing needs re-opening). For the
-private-restore backend, ``checkpoint``/``restore`` carry the whole browser and the server's checkpoint; the
-restored server rebuilds its catalog (see ``ShopServer.restore`` for what that baseline does and does not mean).
+private-restore backend, ``checkpoint``/``restore`` image the whole browser (the server images itself: its
+catalog, index and images are read back, not rebuilt).
 Must never: let a malformed action or an unreachable page end the workspace: those are ``ToolError``s.
 """
 
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import pickle
 import re
-import struct
 from typing import Any
 
+from .. import state_image
 from ..app import AppContext, Tool, ToolError, WorkspaceApp, dont_fork_into_workers
 from ..records import Observation, ToolCall
 from ..runtime.workers import WorkerHandle
@@ -28,8 +27,6 @@ from .browser.browser import Browser, BrowserError
 from .tools import FINAL, SCHEMA
 
 _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
-_CHECKPOINT_MAGIC = b"SHOPCKP1"
-_COUNTS = struct.Struct("<8sI")  # magic, number of parts after the header
 
 
 class ShopApp(WorkspaceApp):
@@ -51,54 +48,23 @@ class ShopApp(WorkspaceApp):
 
     # -- the private-restore baseline ------------------------------------------------------------------------------
     def checkpoint(self) -> list[bytes | memoryview]:
-        """The shop's state for the private-restore backend: the server's checkpoint (``ShopServer.checkpoint``,
-        after its ``before_fork`` flushed SQLite; the database file itself comes with the file snapshot) and
-        the whole browser, pickled (protocol 5). The browser's big buffers (page rasters, decoded images) are
-        written out of band, straight from their arrays, so checkpointing does not copy them in the source.
-
-        Layout: header (magic, part count, each part's length), the meta pickle (port, server checkpoint), the
-        browser pickle, then the out-of-band buffers in order."""
-        meta = pickle.dumps({"port": self.port, "server": self.server.checkpoint()}, protocol=5)
-        buffers: list[pickle.PickleBuffer] = []
-        browser = pickle.dumps(self.browser, protocol=5, buffer_callback=buffers.append)
-        parts: list[bytes | memoryview] = [meta, browser, *(b.raw() for b in buffers)]
-        lengths = [memoryview(p).nbytes for p in parts]
-        header = _COUNTS.pack(_CHECKPOINT_MAGIC, len(parts)) + struct.pack(f"<{len(parts)}Q", *lengths)
-        return [header, *parts]
+        """The host process's image (``state_image``): the whole browser (its pages, rasters and decoded images
+        written out of band, straight from their arrays) and the server's port. The server images itself."""
+        return state_image.dump({"port": self.port, "browser": self.browser})
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
-        """A shop going on exactly where the checkpointed one was, in private memory: the server is spawned again
-        with the source's arguments and port (it rebuilds its catalog, index and images and reopens the restored
-        database, see ``ShopServer.restore``), then the browser is unpickled from copies of the checkpoint's
-        bytes (nothing stays backed by the checkpoint file, which is removed once the clone is ready)."""
-        view = memoryview(data).cast("B")
-        parts: list[memoryview] = []
-        try:
-            magic, count = _COUNTS.unpack_from(view, 0)
-            if magic != _CHECKPOINT_MAGIC:
-                raise ValueError(f"not a web shop checkpoint (magic {magic!r})")
-            lengths = struct.unpack_from(f"<{count}Q", view, _COUNTS.size)
-            at = _COUNTS.size + 8 * count
-            if at + sum(lengths) != view.nbytes:
-                raise ValueError(f"web shop checkpoint: parts of {sum(lengths)} bytes, payload has {view.nbytes - at}")
-            for length in lengths:
-                parts.append(view[at:at + length])
-                at += length
-            meta = pickle.loads(parts[0])
-            dont_fork_into_workers(data)
-            self.server = ctx.spawn("bunshin.envs.webshop.server:ShopServer",
-                                    **{**self.server_kwargs, "port": meta["port"]})
-            self.server.restore(meta["server"])
-            self.port = int(self.server.call("port"))
-            self.base_url = f"http://127.0.0.1:{self.port}"
-            # out-of-band buffers copied into private memory: the arrays must not point into the checkpoint's map
-            self.browser = pickle.loads(parts[1], buffers=[bytearray(p) for p in parts[2:]])
-            if not isinstance(self.browser, Browser):
-                raise ValueError(f"web shop checkpoint holds a {type(self.browser).__name__}, not a Browser")
-        finally:
-            for part in parts:
-                part.release()
-            view.release()
+        """A shop going on exactly where the dumped one was, in private memory: the server is spawned again with
+        the source's arguments and restores from its own image (``ShopServer.restore``), then the browser is read
+        back from this image (nothing stays backed by the image file, which is removed once it is not needed)."""
+        dont_fork_into_workers(data)
+        self.server = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)  # binds its port
+        self.port = int(self.server.call("port"))
+        state = state_image.load(data)  # after the spawn: the server process need not inherit the browser
+        if not isinstance(state.get("browser"), Browser) or state.get("port") != self.port:
+            raise ValueError(f"not this web shop's image: a {type(state.get('browser')).__name__} on port "
+                             f"{state.get('port')}, the restored server is on {self.port}")
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.browser = state["browser"]
 
     def tools(self) -> dict[str, Tool]:
         tools: dict[str, Tool] = {verb: self._action(verb) for verb in SCHEMA.names if verb != FINAL}

@@ -9,6 +9,7 @@ Must never: depend on anything but its arguments.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -164,7 +165,7 @@ class Thumbnails:
     def __init__(self, size: int, seed: int, px: int):
         self.size, self.px = size, px
         self.heap = HugeHeap(max(size * px * px * 3, 1))
-        self.images = np.frombuffer(self.heap.map, dtype=np.uint8, count=size * px * px * 3).reshape(size, px, px, 3)
+        self._view()
         rng = np.random.default_rng(seed)
         block = max(px // 4, 1)
         for start in range(0, size, 4096):  # in chunks: the scaled-up copy is never made for all at once
@@ -172,6 +173,18 @@ class Thumbnails:
             coarse = rng.integers(0, 256, size=(n, -(-px // block), -(-px // block), 3), dtype=np.uint8)
             fine = coarse.repeat(block, axis=1).repeat(block, axis=2)
             self.images[start:start + n] = fine[:, :px, :px]
+
+    def _view(self) -> None:
+        size, px = self.size, self.px
+        self.images = np.frombuffer(self.heap.map, dtype=np.uint8, count=size * px * px * 3).reshape(size, px, px, 3)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For a state image: the heap (its bytes out of band), not the view over it."""
+        return {"size": self.size, "px": self.px, "heap": self.heap}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.size, self.px, self.heap = state["size"], state["px"], state["heap"]
+        self._view()
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.images[index]

@@ -10,7 +10,7 @@ Must never: hand out views into the heap that outlive it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import numpy as np
@@ -31,11 +31,22 @@ class PackedRecords(Generic[T]):
         data_size = int(offsets[-1])
         self.heap = HugeHeap(data_size + offsets.nbytes)
         self.heap.map[:data_size] = b"".join(blobs)
-        self._offsets = np.frombuffer(self.heap.map, dtype=np.uint64, count=len(offsets), offset=data_size)
+        self._views(kind, len(blobs), data_size)
         self._offsets[:] = offsets
+
+    def _views(self, kind: type[T], count: int, data_size: int) -> None:
+        self.kind, self._count, self._data_size = kind, count, data_size
+        self._offsets = np.frombuffer(self.heap.map, dtype=np.uint64, count=count + 1, offset=data_size)
         self._data = memoryview(self.heap.map)[:data_size]
         self._decoder = msgspec.msgpack.Decoder(kind)
-        self._count = len(blobs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For a state image: the heap (its bytes out of band) and what the views over it need."""
+        return {"kind": self.kind, "count": self._count, "data_size": self._data_size, "heap": self.heap}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.heap = state["heap"]
+        self._views(state["kind"], state["count"], state["data_size"])
 
     def __len__(self) -> int:
         return self._count

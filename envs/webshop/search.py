@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -45,18 +46,30 @@ class SearchIndex:
         n = int(offsets[-1])
         sizes = [hashes.nbytes, offsets.nbytes, n * 4, n * 4, lengths.nbytes]
         self.heap = HugeHeap(sum(sizes))
-        arrays, at = [], 0
-        for size, dtype in zip(sizes, (np.int64, np.int64, np.int32, np.float32, np.float32)):
-            arrays.append(np.frombuffer(self.heap.map, dtype=dtype, count=size // np.dtype(dtype).itemsize,
-                                        offset=at))
-            at += size
-        self.hashes, self.offsets, self.docs, self.tfs, self.lengths = arrays
+        self._views(sizes)
         self.hashes[:], self.offsets[:], self.lengths[:] = hashes, offsets, lengths
         flat = [pair for h in hashes.tolist() for pair in postings[h]]
         self.docs[:] = [d for d, _ in flat]
         self.tfs[:] = [tf for _, tf in flat]
         self.n_docs = len(catalog)
         self.avg_len = float(lengths.mean()) if len(catalog) else 0.0
+
+    def _views(self, sizes: list[int]) -> None:
+        self._sizes = sizes
+        arrays, at = [], 0
+        for size, dtype in zip(sizes, (np.int64, np.int64, np.int32, np.float32, np.float32)):
+            arrays.append(np.frombuffer(self.heap.map, dtype=dtype, count=size // np.dtype(dtype).itemsize,
+                                        offset=at))
+            at += size
+        self.hashes, self.offsets, self.docs, self.tfs, self.lengths = arrays
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For a state image: the heap (its bytes out of band) and the layout of the arrays in it."""
+        return {"heap": self.heap, "sizes": self._sizes, "n_docs": self.n_docs, "avg_len": self.avg_len}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.heap, self.n_docs, self.avg_len = state["heap"], state["n_docs"], state["avg_len"]
+        self._views(state["sizes"])
 
     def search(self, query: str, limit: int = 20) -> list[tuple[int, float]]:
         """(document, score) pairs, best first; ties broken by document number so results are deterministic."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .. import state_image
 from ..app import AppContext, WorkerApp
 from . import html as pages
 from .catalog import Catalog, Thumbnails
@@ -73,31 +74,33 @@ class ShopServer(WorkerApp):
         self.store.reopen()
 
     # -- the private-restore baseline ------------------------------------------------------------------------------
-    def checkpoint(self) -> bytes:
-        """What a restored server needs beyond its constructor's arguments: nothing of the catalog, the index or
-        the images (see ``restore``), nothing of carts, orders and reviews (SQLite, flushed by ``before_fork``
-        and carried by the workspace's file snapshot). The arguments and the port actually bound are recorded
-        to check that the restored server is this shop."""
-        return json.dumps(self._identity()).encode()
+    def checkpoint(self) -> list[bytes | memoryview]:
+        """The server process's image (``state_image``): the catalog, the search index, the images and the
+        per-category arrays, their heaps written out of band straight from memory, and the port actually bound.
+        Carts, orders and reviews are in SQLite, flushed by ``before_fork`` and carried by the file snapshot."""
+        return state_image.dump({"identity": self._identity(), "catalog": self.catalog, "index": self.index,
+                                 "images": self.images, "prices": self.prices, "ratings": self.ratings,
+                                 "by_category": self.by_category})
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
-        """In a server the restoring host spawned anew with the source's arguments: ``setup`` already rebuilt
-        the catalog, the search index and the images in this process's private memory, and opened SQLite on the
-        restored workspace's copy of the database; here we only check that it is the checkpointed shop.
-
-        Honest limits of this baseline: the catalog, index and images are a deterministic function of the
-        arguments, so they are recomputed here, where a real CRIU restore would read their pages back from the
-        dump. The restored clone's memory is what the baseline measures (a full private copy, nothing shared
-        with the source); its restore *time* is not a CRIU restore time and is not comparable.
+        """Instead of ``setup``: the catalog, index and images read back from the image into this process's
+        private memory (nothing is recomputed, as a CRIU restore reads pages back), the port bound again and
+        SQLite reopened on the restored workspace's copy of the database.
 
         The session-id stream (``ctx.rng``) is not restored from the source, on purpose: a clone's random state
         is seeded from the clone's own seed (DESIGN section 4), which is what a live fork does too (a ``cow``
         clone's worker is reseeded with ``derive_seed(clone seed, "worker", index)``, the same seed this
         re-spawned worker got), so both backends draw the same session ids after a fork, and two clones of one
         source do not share a stream."""
-        recorded = json.loads(bytes(data))
+        state = state_image.load(data)
+        recorded = state["identity"]
+        self.catalog, self.index, self.images = state["catalog"], state["index"], state["images"]
+        self.prices, self.ratings, self.by_category = state["prices"], state["ratings"], state["by_category"]
+        self.server = ctx.listen(recorded["port"])
         if recorded != self._identity():
-            raise ValueError(f"the checkpoint is of another shop: {recorded} (this server is {self._identity()})")
+            raise ValueError(f"the image is of another shop: {recorded} (this server is {self._identity()})")
+        self.store = Store(self.db_path)
+        self.ctx = ctx
 
     def _identity(self) -> dict[str, Any]:
         return {"catalog_size": self.catalog_size, "catalog_seed": self.catalog_seed, "image_px": self.image_px,

@@ -2,8 +2,8 @@
 
 - ``cow`` (``cow.py``): the userspace live fork. No application memory is copied: clones share every page they do
   not write, and files through btrfs snapshots of the source's writable layer.
-- ``restore`` (``restore.py``): the private-restore baseline. The source writes a checkpoint of its application
-  state; a fresh host restores it into private memory, as CRIU's restore does.
+- ``restore`` (``restore.py``): the private-restore baseline. The source dumps every process's state once per
+  state; fresh hosts read the dump back into private memory, as CRIU's restore does.
 
 Owns: the ``ForkBackend`` protocol, choosing a backend by name, a clone's seed, and ``all_or_nothing``: a fork
 either returns a clone or leaves nothing behind, whatever happens to its caller.
@@ -31,6 +31,9 @@ class ForkBackend(Protocol):
     async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         """A clone of ``source`` (a Snapshot when ``frozen``), registered with the run's hosts."""
 
+    async def forget(self, source: Workspace) -> None:
+        """``source`` closed: drop what the backend kept for forking it (a dump)."""
+
 
 class AllOrNothingFork:
     """Base of the backends: ``fork`` runs the backend's ``_fork`` through ``all_or_nothing``."""
@@ -45,6 +48,9 @@ class AllOrNothingFork:
 
     async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         raise NotImplementedError
+
+    async def forget(self, source: Workspace) -> None:
+        pass
 
 
 def check_backend(name: str) -> str:

@@ -1,19 +1,21 @@
-"""The private-restore baseline, host side: writing a checkpoint of the application state, and restoring one into
+"""The private-restore baseline, host side: dumping every process of the workspace, and restoring one dump into
 a fresh host's private memory.
 
-Owns: ``write`` (agents frozen, app quiesced, its ``checkpoint()`` written as a checkpoint file, the files
-snapshotted read-only at the same instant) and ``restore_app`` (the checkpoint mapped and verified, handed to the
-app's ``restore`` instead of ``setup``). An app that keeps state in workers must carry their state in its own
-checkpoint; the host refuses one that does not (``WorkspaceApp.checkpoint`` not overridden) rather than lose it.
-Must never: leave the agents frozen.
+Owns: ``write`` (agents frozen, app and workers quiesced; each worker writes its own image ``<path>.w<index>``,
+then the host's app its ``checkpoint()`` as ``<path>``; the files snapshotted read-only at the same instant) and
+``restore_app`` (the host's image mapped and verified, handed to the app's ``restore`` instead of ``setup``; the
+workers the app spawns meanwhile restore from their images, ``worker_image``). As CRIU dumps every process of a
+container and its restore reads the images back, nothing is recomputed on either side.
+Must never: leave the agents frozen, or a restored workspace missing a worker the source had.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
-from ...app import WorkspaceApp
+from ...app import WorkerError
 from .. import checkpoint_file
 from ..layers import snapshot_at
 from ..protocol import Checkpointed, Failed, Reply
@@ -22,31 +24,58 @@ if TYPE_CHECKING:
     from ..host import Host
 
 
+def worker_path(path: str, index: int) -> str:
+    return f"{path}.w{index}"
+
+
 def write(host: Host, path: str, layer: str) -> Reply:
-    if host.workers and type(host.app).checkpoint is WorkspaceApp.checkpoint:
-        return Failed(kind="checkpoint", message="the private-restore backend checkpoints the host's state "
-                      f"only, and this application keeps state in {len(host.workers)} worker process(es) "
-                      "without checkpointing them (WorkspaceApp.checkpoint is not overridden)")
     started = time.monotonic_ns()
     agents = host.agents.running
+    written = 0
     try:
         host.agents.freeze()
         host.app.before_fork(host.ctx)
+        for index, worker in enumerate(host.workers):
+            fd = checkpoint_file.create(host.pool_fd, worker_path(path, index))
+            try:
+                written += worker.checkpoint(fd)
+            except WorkerError as exc:
+                return Failed(kind="checkpoint", message=f"worker {index} could not image its state: {exc}")
+            finally:
+                os.close(fd)
         state = host.app.checkpoint()
         parts = state if isinstance(state, list) else [state]
-        written = checkpoint_file.write(host.pool_fd, path, parts)
+        written += checkpoint_file.write(host.pool_fd, path, parts)
         snapshot_at(host.pool_fd, host.layer_fd, layer, readonly=True)
     finally:
         if agents:
             host.agents.thaw()
-    return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started)
+    return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started, workers=len(host.workers))
 
 
-def restore_app(host: Host, path: str) -> None:
-    """At the start of a restoring host: the app's state from the checkpoint at ``path`` (relative to the pool)."""
+def restore_app(host: Host, path: str, workers: int) -> None:
+    """At the start of a restoring host: the app's state from the dump at ``path`` (relative to the pool), with
+    ``workers`` worker images beside it."""
+    host.restoring = (path, workers)
     mapping, payload = checkpoint_file.map_verified(host.pool_fd, path)
     try:
         host.app.restore(host.ctx, payload)
     finally:
         payload.release()
         mapping.close()
+        host.restoring = None
+    if len(host.workers) != workers:
+        raise checkpoint_file.CorruptCheckpoint(
+            f"checkpoint {path}: the source had {workers} worker(s), the restored app spawned {len(host.workers)}")
+
+
+def worker_image(host: Host, index: int) -> tuple[int, str] | None:
+    """While restoring: the open image of the source's worker ``index`` (the caller closes it), else None."""
+    if host.restoring is None:
+        return None
+    path, workers = host.restoring
+    if index >= workers:
+        raise checkpoint_file.CorruptCheckpoint(
+            f"checkpoint {path}: the restored app spawns worker {index}, the source had {workers}")
+    name = worker_path(path, index)
+    return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=host.pool_fd), name

@@ -32,13 +32,13 @@ class CowFork(AllOrNothingFork):
 
     async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         hosts = self.hosts
+        started = time.monotonic()  # the same boundary as the restore backend's: the clone's cgroup is inside
         clone_id = hosts.new_id()
         spec = CloneSpec(ws_id=clone_id, hostname=f"ws-{clone_id}", seed=clone_seed(source, seed),
                          layer=f"ws-{clone_id}", cgroup_rel=f"ws-{clone_id}", frozen=frozen)
         group = await asyncio.to_thread(hosts.new_cgroup, clone_id)
         engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         engine_end.setblocking(False)
-        started = time.monotonic()
         try:
             try:
                 await await_points.reached("fork.cow.request")

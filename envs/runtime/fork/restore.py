@@ -1,57 +1,135 @@
 """The private-restore baseline, engine side: what a CRIU-like system does instead of a live fork.
 
-The source's host writes a checkpoint of its application state (``checkpoint.py``, in the host) and snapshots its
-files beside it; a fresh host starts on a copy of those files and restores the state into private memory. Nothing
-is shared with the source: this is what the live fork is measured against.
-Owns: that sequence and the removal of the checkpoint once the clone is ready (or failed).
-Must never: leave the checkpoint file or its layer behind.
+The source's host dumps every process of the workspace (``checkpoint.py``: the host's and each worker's state
+image) and snapshots its files beside them, once per state of the source: a dump is restored as many times as the
+source is forked before its next tool call (CRIU restores one image many times). A restore starts a fresh host on
+a copy of those files, which reads the images back into private memory and starts the workers from theirs.
+Nothing is shared with the source and nothing is recomputed: this is what the live fork is measured against.
+Owns: the dumps (one per source state, reference-counted by the restores reading them, removed when the source
+changes, closes, or the dump fails) and the restore sequence.
+Must never: leave a dump's files or layer behind, or restore a dump of a state the source has left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from dataclasses import dataclass
 
 from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
 from ...workspace import ForkTiming, Snapshot, Workspace
 from .. import await_points
 from ..protocol import Checkpoint, Checkpointed
 from .backends import AllOrNothingFork, clone_seed
+from .checkpoint import worker_path
+
+
+@dataclass
+class Dump:
+    """One dump of a source's state: ``path`` (the host's image), ``workers`` images beside it, ``layer`` (the
+    files); ``calls`` is the source's call count it was taken at."""
+
+    path: str
+    layer: str
+    calls: int
+    workers: int = 0
+    bytes_written: int = 0
+    freeze_s: float = 0.0
+    readers: int = 0  # forks waiting for it or restoring from it
+    retired: bool = False  # the source changed or closed: removed once no fork reads it
+    removed: bool = False
 
 
 class PrivateRestore(AllOrNothingFork):
     name = "restore"
 
+    def __init__(self, hosts) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(hosts)
+        self._dumps: dict[str, tuple[Dump, asyncio.Future[Dump]]] = {}  # source id -> its latest dump
+
     async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         hosts = self.hosts
-        clone_id = hosts.new_id()
-        path = f"ckpt-{clone_id}.bin"
-        ckpt_layer = f"{path}.layer"
-        layer = f"ws-{clone_id}"
         started = time.monotonic()
+        dump, made = await self._dump_of(source)
+        clone_id = hosts.new_id()
+        layer = f"ws-{clone_id}"
         try:
-            await await_points.reached("fork.restore.checkpoint")
-            reply = await source.request(Checkpoint(path=path, layer=ckpt_layer))
-            source.expect(reply, Checkpointed)
-            await asyncio.to_thread(hosts.layers.snapshot, ckpt_layer, layer)
+            await asyncio.to_thread(hosts.layers.snapshot, dump.layer, layer)
             clone = await hosts.start(clone_id, layer, source.app_spec, seed=clone_seed(source, seed),
-                                      hostname=None, restore_from=path, parent=source.id,
-                                      generation=source.generation + 1, cls=Snapshot if frozen else Workspace)
-        except RequestRefused as exc:
-            await asyncio.to_thread(hosts.layers.delete, layer)
-            raise ForkFailed(source.id, f"checkpoint for {clone_id} failed: {exc.detail}") from exc
+                                      hostname=None, restore_from=dump.path, restore_workers=dump.workers,
+                                      parent=source.id, generation=source.generation + 1,
+                                      cls=Snapshot if frozen else Workspace)
         except WorkspaceStartFailed as exc:
             raise ForkFailed(source.id, f"restore into {clone_id} failed: {exc.detail}") from exc
         finally:
-            await asyncio.shield(asyncio.to_thread(self._remove_checkpoint, path, ckpt_layer))
-        clone.last_fork = ForkTiming(freeze_s=reply.freeze_ns / 1e9,  # type: ignore[union-attr]
-                                     ready_s=time.monotonic() - started)
+            await self._release(dump)
+        clone.last_fork = ForkTiming(freeze_s=dump.freeze_s if made else 0.0, ready_s=time.monotonic() - started,
+                                     dump_reused=not made)
         return clone
 
-    def _remove_checkpoint(self, path: str, layer: str) -> None:
+    async def _dump_of(self, source: Workspace) -> tuple[Dump, bool]:
+        """The dump of the source's current state, held for reading (``_release`` it), and whether this call
+        made it. Concurrent forks of one state share one dump."""
+        entry = self._dumps.get(source.id)
+        made = entry is None or entry[0].calls != source.calls
+        if made:
+            if entry is not None:
+                await self._retire(entry[0])
+            path = f"dump-{source.id}-{source.calls}.bin"
+            dump = Dump(path=path, layer=f"{path}.layer", calls=source.calls)
+            entry = (dump, asyncio.ensure_future(self._write(source, dump)))
+            self._dumps[source.id] = entry
+        dump, writing = entry  # type: ignore[misc]
+        dump.readers += 1  # before awaiting: nobody removes a dump someone waits for
         try:
-            os.unlink(path, dir_fd=self.hosts.pool_fd)
-        except FileNotFoundError:
-            pass
-        self.hosts.layers.delete(layer)
+            await asyncio.shield(writing)
+        except BaseException:
+            if writing.done() and self._dumps.get(source.id) is entry:
+                del self._dumps[source.id]  # a failed dump is not kept: the next fork tries again
+            await self._release(dump)
+            raise
+        return dump, made
+
+    async def _release(self, dump: Dump) -> None:
+        dump.readers -= 1
+        if dump.retired and dump.readers == 0:
+            await asyncio.shield(asyncio.to_thread(self._remove, dump))
+
+    async def _write(self, source: Workspace, dump: Dump) -> Dump:
+        try:
+            await await_points.reached("fork.restore.checkpoint")
+            reply = await source.request(Checkpoint(path=dump.path, layer=dump.layer))
+            source.expect(reply, Checkpointed)
+        except BaseException as exc:
+            await asyncio.shield(asyncio.to_thread(self._remove, dump, 64))
+            if isinstance(exc, RequestRefused):
+                raise ForkFailed(source.id, f"dump of {source.id} failed: {exc.detail}") from exc
+            raise
+        assert isinstance(reply, Checkpointed)
+        dump.workers, dump.bytes_written, dump.freeze_s = reply.workers, reply.bytes_written, reply.freeze_ns / 1e9
+        return dump
+
+    async def forget(self, source: Workspace) -> None:
+        """The source closed: its dump goes once no restore reads it."""
+        entry = self._dumps.pop(source.id, None)
+        if entry is not None:
+            await self._retire(entry[0])
+
+    async def _retire(self, dump: Dump) -> None:
+        """No fork will read ``dump`` again; it goes when the last reader releases it."""
+        dump.retired = True
+        if dump.readers == 0:
+            await asyncio.shield(asyncio.to_thread(self._remove, dump))
+
+    def _remove(self, dump: Dump, workers: int | None = None) -> None:
+        """Delete the dump's images and layer (``workers``: how many worker images to look for, when the host
+        may have written some before it failed). Blocking; a second call does nothing."""
+        if dump.removed:
+            return
+        dump.removed = True
+        for name in [dump.path, *(worker_path(dump.path, i) for i in range(workers or dump.workers))]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.hosts.pool_fd)
+        self.hosts.layers.delete(dump.layer)
