@@ -3,7 +3,9 @@
 Owns: ``PolicyContext`` (what a policy sees: the task, the observations so far, its sample's seed) and
 ``Decision`` (the action, as the suite's action text or a tool call, plus the reasoning time and, for model
 servers, token ids and log-probs), and ``Policy`` itself. The engine awaits ``decide`` under a timeout; a policy
-that raises ends its rollout with ``policy_error``, one that is too slow with ``policy_timeout``.
+that raises ends its rollout with ``policy_error``, one that is too slow with ``policy_timeout``. Before a run,
+``refuses(task)`` says which tasks a policy cannot play at all, by name and why (the scripted policy, a task without
+a reference solution); ``bunshin eval`` lists those and runs the rest.
 Must never: touch the workspace (a policy only reads observations; the engine executes).
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 import msgspec
 
 from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.base import SuiteTask
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +50,11 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     async def decide(self, ctx: PolicyContext) -> Decision:
         """The next action for the rollout ``ctx`` describes."""
+
+    def refuses(self, task: SuiteTask) -> str | None:
+        """Why this policy cannot play ``task`` at all (``"<policy> policy: ..."``), or None. A pure check of the
+        task, made before any workspace exists. Default: None, every task."""
+        return None
 
     async def close(self) -> None:
         """Release connections and the like."""

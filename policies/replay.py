@@ -1,6 +1,7 @@
 """The replay policy: re-issues the calls of recorded trajectories, step by step, then their final action.
 
-Owns: finding a rollout's recording (by task, group and sample) and handing out its calls in order.
+Owns: finding a rollout's recording (by task, group and sample) and handing out its calls in order; ``refuses`` a
+task with no recording at all (a group or sample without one is only found when it is asked for).
 Must never: invent a call: a rollout without a recording, or asked for more steps than recorded, is a
 ``PolicyError``.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from bunshin.engine.records import Trajectory, read_jsonl
 from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.base import SuiteTask
 
 from .base import Decision, Policy, PolicyContext, PolicyError
 
@@ -19,14 +21,21 @@ from .base import Decision, Policy, PolicyContext, PolicyError
 class ReplayPolicy(Policy):
     name = "replay"
 
-    def __init__(self, trajectories: Iterable[Trajectory]):
+    def __init__(self, trajectories: Iterable[Trajectory], source: str = "the recording"):
         self.recorded: dict[tuple[str, str, int], Trajectory] = {}
         for t in trajectories:
             self.recorded[(t.task_id, t.group_id, t.sample)] = t
+        self.task_ids = {task_id for task_id, _, _ in self.recorded}
+        self.source = source
 
     @classmethod
     def from_file(cls, path: str | Path) -> ReplayPolicy:
-        return cls(read_jsonl(path))
+        return cls(read_jsonl(path), source=str(path))
+
+    def refuses(self, task: SuiteTask) -> str | None:
+        if task.id in self.task_ids:
+            return None
+        return f"replay policy: {self.source} has no recorded trajectory of task {task.id}"
 
     def recording(self, ctx: PolicyContext) -> Trajectory:
         try:

@@ -3,8 +3,9 @@ run on ``DesktopApp``, scored with OSWorld's getters and metrics.
 
 Owns: loading the task files (through ``envs/suites/osworld.py``, which refuses what the desktop cannot run; our
 extra keys ``bunshin_template``, ``bunshin_reference`` and ``bunshin_private_files`` ride along as real OSWorld
-files carry unused keys; a real OSWorld file has no reference solution: its ``SuiteTask.reference`` is empty), the task's setup (private expected files written root-only under /var/lib/desktop,
-then OSWorld's ``config`` steps), the action language, and scoring.
+files carry unused keys; a real OSWorld file has no reference solution: its ``SuiteTask.reference`` is empty), the
+task's setup (private expected files written root-only under /var/lib/desktop, then OSWorld's ``config`` steps), the
+action language, and scoring.
 
 Action language (``parse_action``): OSWorld's special actions ``WAIT``, ``DONE``, ``FAIL``; a JSON object
 ``{"name": "<tool>", "args": {...}}`` for any agent tool (``tools.SCHEMA``: names, arguments, types, defaults;
@@ -14,7 +15,10 @@ form ``<tool>: <text>`` for the tools whose one argument is text: ``terminal: ls
 ``WAIT: 2`` (seconds). The null attempt is ``FAIL`` at once (giving up: 1 only on infeasible tasks, which are
 ``SuiteTask.give_up``); ``DONE`` at once scores 0 everywhere.
 
-Knobs (constructor keywords): ``tasks_dir`` (default: the committed tasks) and every ``DesktopApp`` knob
+Knobs (constructor keywords): ``tasks_dir`` (default: the committed tasks, ``<template>/<id>.json``), ``lenient``
+(load every ``*.json`` under ``tasks_dir``, recursively, as a user's directory such as OSWorld's
+``evaluation_examples/examples``: files the desktop cannot run are set aside in ``refused()`` instead of raising;
+``envs/suites/task_dir.py``) and every ``DesktopApp`` knob
 (``cache_mb=48``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
 ``screenshots``, ``png_level``, ``recording_frames=16``), passed to each workspace's app.
 """
@@ -29,7 +33,8 @@ import msgspec
 
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import osworld as ow
-from ..suites.base import ActionError, Suite, SuiteTask
+from ..suites.base import ActionError, Refusal, Suite, SuiteTask
+from ..suites.task_dir import load_dir
 from ..suites.tools import check_action_text
 from ..suites.webarena import TaskFileError
 from ..workspace import Workspace
@@ -79,8 +84,9 @@ class DesktopSuite(Suite):
     name = "desktop"
     sharing_template = "project_tests"  # the group ``bunshin bench sharing`` plays by default: run, read, fix, rerun
 
-    def __init__(self, tasks_dir: str | Path | None = None, **app_kwargs: Any):
+    def __init__(self, tasks_dir: str | Path | None = None, lenient: bool = False, **app_kwargs: Any):
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else TASKS_DIR
+        self.lenient = lenient
         self.app_kwargs = dict(app_kwargs)
         self.knobs = dict(app_kwargs)
         if "index_roots" in self.app_kwargs:
@@ -89,6 +95,7 @@ class DesktopSuite(Suite):
         DesktopApp(**self.app_kwargs)  # bad knobs fail here, not in every workspace
         self._loaded: dict[str, tuple[ow.OSWorldTask, dict[str, Any]]] = {}
         self._tasks: list[SuiteTask] | None = None
+        self._refused: list[Refusal] = []
 
     # -- tasks ------------------------------------------------------------------------------------------------
     def load(self, path: str | Path) -> tuple[ow.OSWorldTask, dict[str, Any]]:
@@ -96,7 +103,13 @@ class DesktopSuite(Suite):
         key = str(path)
         if key not in self._loaded:
             task = ow.load_task(path)
-            raw = json.loads(Path(path).read_text())
+            try:  # msgspec read it as JSON already; this fails only on nesting deeper than json recurses
+                raw = json.loads(Path(path).read_bytes())
+            except (ValueError, RecursionError) as exc:
+                raise TaskFileError(path, f"not JSON: {type(exc).__name__}") from exc
+            if not isinstance(raw.get("bunshin_private_files", {}), dict) or not all(
+                    isinstance(v, str) for v in raw.get("bunshin_private_files", {}).values()):
+                raise TaskFileError(path, "bunshin_private_files must be an object of path -> content strings")
             self._loaded[key] = (task, raw)
         return self._loaded[key]
 
@@ -119,9 +132,17 @@ class DesktopSuite(Suite):
                          path=str(path), reference=reference, give_up=task.infeasible)
 
     def tasks(self) -> list[SuiteTask]:
+        """Every task under ``tasks_dir``; a file the desktop cannot run raises ``TaskFileError`` naming it, or,
+        ``lenient``, is set aside in ``refused()`` with the reason."""
         if self._tasks is None:
-            self._tasks = [self.task_from_file(p) for p in sorted(self.tasks_dir.glob("*/*.json"))]
+            if self.lenient:
+                self._tasks, self._refused = load_dir(self.tasks_dir, self.task_from_file)
+            else:
+                self._tasks = [self.task_from_file(p) for p in sorted(self.tasks_dir.glob("*/*.json"))]
         return list(self._tasks)
+
+    def refused(self) -> list[Refusal]:
+        return list(self._refused)
 
     # -- episodes -----------------------------------------------------------------------------------------------
     def app(self, task: SuiteTask | None = None) -> AppSpec:

@@ -1,9 +1,10 @@
 """The contract every embedded task suite implements, and what the engine, ``bunshin suite check`` and
 ``bunshin bench sharing`` rely on.
 
-Owns: ``SuiteTask`` (one task: the benchmark's own file decoded, plus its reference action sequence) and ``Suite``
-(which application a task's workspace runs, the task's setup, parsing the benchmark's action language into tool
-calls, recognising the final action, and scoring).
+Owns: ``SuiteTask`` (one task: the benchmark's own file decoded, plus its reference action sequence), ``Refusal`` (a
+task file set aside, and why) and ``Suite`` (its tasks and the files it refused, which application a task's
+workspace runs, the task's setup, parsing the benchmark's action language into tool calls, recognising the final
+action, and scoring).
 Must never: score a task it cannot evaluate; a malformed action is the agent's mistake, reported in an
 observation (``ActionError`` from ``parse_action``, ``ToolError`` inside the workspace), never a crash.
 
@@ -52,12 +53,24 @@ class SuiteTask(msgspec.Struct, frozen=True, kw_only=True):
     give_up: bool = False  # the correct answer is to give up (OSWorld's infeasible tasks)
 
 
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A task file that was not run: the file, and why (what is missing or wrong, or who refused it)."""
+
+    file: str
+    reason: str
+
+
 class Suite(abc.ABC):
     name: str
 
     @abc.abstractmethod
     def tasks(self) -> list[SuiteTask]:
         """Every task of the suite, loaded from its task files through the benchmark's loader."""
+
+    def refused(self) -> list[Refusal]:
+        """The task files the last ``tasks()`` set aside instead of raising (a suite loading a directory a user
+        brought, leniently: ``envs/suites/task_dir.py``). Default: none (a refused file raises)."""
+        return []
 
     @abc.abstractmethod
     def app(self, task: SuiteTask | None = None) -> AppSpec:

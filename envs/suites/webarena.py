@@ -90,6 +90,8 @@ def decode_task_file(path: str | Path, decoder: msgspec.json.Decoder[Any]) -> An
         raise TaskFileError(path, str(exc)) from exc
     except msgspec.DecodeError as exc:
         raise TaskFileError(path, f"not JSON: {exc}") from exc
+    except RecursionError as exc:  # msgspec recurses through nested arrays even of a field we ignore
+        raise TaskFileError(path, "JSON nested deeper than any task file (the decoder's recursion limit)") from exc
 
 
 def load_task(path: str | Path) -> WebArenaTask:

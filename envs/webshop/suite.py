@@ -1,6 +1,8 @@
 """The embedded web shop suite: WebArena's task files, action language and evaluators on the shop in a workspace.
 
-Owns: loading the task files (``webarena.load_task``), the workspace application for them (``ShopApp`` with the
+Owns: loading the task files (``webarena.load_task``; the suite's own tasks carry their reference solution in
+``bunshin_reference``, a real WebArena file has none and loads with an empty ``SuiteTask.reference`` when a user's
+directory is loaded ``lenient``ly), the workspace application for them (``ShopApp`` with the
 catalog knobs), a task's start (the browser goes to ``start_url``), turning a reference step that names an element
 (``click [@link 'My Account']``) into the id on the page, and scoring: the product of the task's evaluators
 (string_match on the final answer, url_match on the current page, program_html reading the shop's pages and REST
@@ -16,7 +18,8 @@ from typing import Any
 
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import webarena
-from ..suites.base import ActionError, Suite, SuiteTask, checked
+from ..suites.base import ActionError, Refusal, Suite, SuiteTask, checked
+from ..suites.task_dir import load_dir
 from ..workspace import Workspace
 from . import tasks as generator
 from .browser.actions import parse_action
@@ -31,7 +34,11 @@ class WebShopSuite(Suite):
     """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
     products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
     ``device_scale`` 2 (the browser decodes images at displayed size x 2, RGBA, kept per visited page);
-    ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``."""
+    ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``. Task files:
+    ``tasks_dir`` (``<id>.json``; default: the committed or generated tasks of the catalog), ``lenient`` (load every
+    ``*.json`` under ``tasks_dir``, recursively, as a user's directory such as WebArena's ``config_files``: a file
+    without ``bunshin_reference`` loads with an empty reference, files the shop cannot run are set aside in
+    ``refused()`` instead of raising; ``envs/suites/task_dir.py``)."""
 
     name = "webshop"
     sharing_template = "add_to_cart"  # the group ``bunshin bench sharing`` plays by default
@@ -39,7 +46,7 @@ class WebShopSuite(Suite):
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
                  keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
-                 tasks_dir: str | Path | None = None,
+                 tasks_dir: str | Path | None = None, lenient: bool = False,
                  judge: webarena.Judge = webarena.token_overlap_judge):
         self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
                            "screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
@@ -47,9 +54,13 @@ class WebShopSuite(Suite):
         self.knobs = dict(self.app_kwargs)
         self.catalog = (catalog_size, catalog_seed)
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None
+        if lenient and self.tasks_dir is None:
+            raise ValueError("lenient loads a directory of task files a user brings: give tasks_dir too")
+        self.lenient = lenient
+        self._refused: list[Refusal] = []
         self.judge = judge
         self.base_url = "http://127.0.0.1:7770"
-        self._loaded: dict[str, webarena.WebArenaTask] = {}
+        self._loaded: dict[str, webarena.WebArenaTask] = {}  # by path
 
     def task_files(self) -> list[Path]:
         if self.tasks_dir is not None:
@@ -57,19 +68,37 @@ class WebShopSuite(Suite):
         return generator.task_files(*self.catalog)
 
     def tasks(self) -> list[SuiteTask]:
+        """Every task; a file the shop cannot run, or (but ``lenient``) without a reference solution, raises
+        ``TaskFileError`` naming it; ``lenient``, it is set aside in ``refused()`` with the reason instead."""
+        if self.lenient:
+            assert self.tasks_dir is not None  # the constructor checked
+            tasks, self._refused = load_dir(self.tasks_dir, self.task_from_file)
+            return tasks
         out = []
         for path in self.task_files():
-            task = webarena.load_task(path)
-            if not task.bunshin_reference:
+            task = self.task_from_file(path)
+            if not task.reference:
                 raise webarena.TaskFileError(path, "bunshin_reference is required by the embedded suite (its "
                                                    "reference solution)")
-            reference = [self.parse_reference(step, path) for step in task.bunshin_reference]
-            if not self.is_final(reference[-1]):
-                raise webarena.TaskFileError(path, "bunshin_reference must end with a stop action")
-            self._loaded[str(task.task_id)] = task
-            out.append(SuiteTask(suite=self.name, id=str(task.task_id), template=task.bunshin_template,
-                                 instruction=task.intent, path=str(path), reference=reference))
+            out.append(task)
         return out
+
+    def refused(self) -> list[Refusal]:
+        return list(self._refused)
+
+    def task_from_file(self, path: str | Path) -> SuiteTask:
+        """One task file (``TaskFileError`` naming it and the field if the shop cannot run it). Without
+        ``bunshin_reference`` (a real WebArena file) the task's reference is empty; a reference given must end with
+        ``stop``. The template is ``bunshin_template``, else WebArena's ``intent_template_id``."""
+        task = webarena.load_task(path)
+        reference = [self.parse_reference(step, path) for step in task.bunshin_reference]
+        if reference and not self.is_final(reference[-1]):
+            raise webarena.TaskFileError(path, "bunshin_reference must end with a stop action")
+        self._loaded[str(path)] = task
+        template = task.bunshin_template or (f"template_{task.intent_template_id}"
+                                             if task.intent_template_id is not None else "webarena")
+        return SuiteTask(suite=self.name, id=str(task.task_id), template=template, instruction=task.intent,
+                         path=str(path), reference=reference)
 
     def parse_reference(self, step: str, path: Path | str = "<reference>") -> ToolCall:
         """A reference step; ``[@role 'name']`` in place of an element id is kept as that string in
@@ -87,9 +116,9 @@ class WebShopSuite(Suite):
         return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs))
 
     def _task(self, task: SuiteTask) -> webarena.WebArenaTask:
-        if task.id not in self._loaded:
-            self._loaded[task.id] = webarena.load_task(task.path)
-        return self._loaded[task.id]
+        if task.path not in self._loaded:
+            self._loaded[task.path] = webarena.load_task(task.path)
+        return self._loaded[task.path]
 
     async def start(self, ws: Workspace, task: SuiteTask) -> Observation:
         url = webarena.expand_url(self._task(task).start_url, self.base_url)
