@@ -1,4 +1,4 @@
-"""Which policy a command line names: ``scripted``, ``replay:PATH``, ``openai:URL``.
+"""Which policy a command line names: ``scripted``, ``grounded``, ``replay:PATH``, ``openai:URL``.
 
 Owns: the spec -> policy table; policies are imported lazily (a scripted run never imports the HTTP client).
 """
@@ -13,6 +13,10 @@ def make_policy(spec: str, time_scale: float) -> Policy:
         from .scripted import ScriptedPolicy
 
         return ScriptedPolicy(time_scale=time_scale)
+    if spec == "grounded":
+        from .grounded import GroundedPolicy
+
+        return GroundedPolicy(time_scale=time_scale)
     if spec.startswith("replay:"):
         from .replay import ReplayPolicy
 
@@ -21,4 +25,4 @@ def make_policy(spec: str, time_scale: float) -> Policy:
         from .openai import OpenAIPolicy
 
         return OpenAIPolicy(spec.removeprefix("openai:"))
-    raise ValueError(f"unknown policy {spec!r}: use scripted, replay:PATH or openai:URL")
+    raise ValueError(f"unknown policy {spec!r}: use scripted, grounded, replay:PATH or openai:URL")

@@ -1,25 +1,24 @@
 """The scripted policy: follows the task's reference solution with seeded deviations and a model of reasoning time.
 
-Owns: the deviation rules and the latency model. Deviations, drawn from the sample's seed, make a GRPO group
+Owns: the deviation rules. Deviations, drawn from the sample's seed, make a GRPO group
 explore and earn different rewards: at each step a detour with probability ``detour_p`` (an extra step that
 leaves the task solvable: a scroll, a ``WAIT``), and once per rollout, with probability ``fail_p``, giving up at a
 random step of the reference (an early ``stop []`` / ``FAIL``: reward 0 but for the tasks where giving up is
-right). The latency model: a response of
-``tokens ~ LogNormal(mu, sigma)`` tokens (heavy-tailed, as reasoning lengths are) decoded at ``tokens_per_s``,
-times ``time_scale``. Defaults: median 180 tokens, sigma 0.7 (mean ~230, 1% above ~900), 60 tokens/s: about 3-4
-s of reasoning per step at scale 1; the engine awaits it as a model server's answer would be awaited.
+right). The reasoning time is ``latency.py``'s model.
+A task without a reference solution (a real OSWorld or WebArena file) cannot be played: ``refuses`` names it, and
+``decide`` on it raises ``PolicyError`` with the same reason (giving up at once would score infeasible tasks 1).
 Must never: depend on anything but the context (same seed, same decisions).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
 import random
 
 from bunshin.envs.records import ToolCall
+from bunshin.envs.suites.base import SuiteTask
 
-from .base import Decision, Policy, PolicyContext
+from .base import PolicyContext, PolicyError
+from .latency import ModelledPolicy
 
 DETOURS = {
     "webshop": ["scroll [down]", "scroll [up]"],
@@ -28,7 +27,12 @@ DETOURS = {
 GIVE_UP = {"webshop": "stop []", "desktop": "FAIL"}
 
 
-class ScriptedPolicy(Policy):
+def no_reference(task_id: str) -> str:
+    return (f"scripted policy: task {task_id} has no reference solution (the scripted policy replays a task's "
+            "reference; use --policy grounded, replay:PATH or openai:URL)")
+
+
+class ScriptedPolicy(ModelledPolicy):
     name = "scripted"
 
     def __init__(self, *, detour_p: float = 0.15, fail_p: float = 0.25, time_scale: float = 1.0,
@@ -36,20 +40,21 @@ class ScriptedPolicy(Policy):
                  sleep: bool = True):
         if not 0 <= detour_p < 1 or not 0 <= fail_p <= 1:
             raise ValueError(f"detour_p must be in [0, 1) and fail_p in [0, 1], got {detour_p}, {fail_p}")
-        if time_scale < 0 or tokens_per_s <= 0:
-            raise ValueError(f"time_scale must be >= 0 and tokens_per_s > 0, got {time_scale}, {tokens_per_s}")
-        self.detour_p, self.fail_p, self.time_scale = detour_p, fail_p, time_scale
-        self.mu, self.sigma, self.tokens_per_s = math.log(median_tokens), sigma, tokens_per_s
-        self.sleep = sleep
+        super().__init__(time_scale=time_scale, median_tokens=median_tokens, sigma=sigma, tokens_per_s=tokens_per_s,
+                         sleep=sleep)
+        self.detour_p, self.fail_p = detour_p, fail_p
 
     def _rng(self, ctx: PolicyContext) -> random.Random:
         return random.Random(f"scripted:{ctx.seed}:{ctx.task_id}:{ctx.sample}:{ctx.step}")
+
+    def refuses(self, task: SuiteTask) -> str | None:
+        return None if task.reference else no_reference(task.id)
 
     def plan(self, ctx: PolicyContext) -> str | ToolCall:
         """The action at ``ctx.step``: the reference's next step, a detour, or giving up."""
         reference = ctx.reference
         if not reference:
-            return GIVE_UP.get(ctx.suite, "stop []")
+            raise PolicyError(no_reference(ctx.task_id))
         whole = random.Random(f"scripted:{ctx.seed}:{ctx.task_id}:{ctx.sample}")
         gives_up_at = whole.randrange(len(reference)) if whole.random() < self.fail_p else None
         rng = self._rng(ctx)
@@ -63,15 +68,3 @@ class ScriptedPolicy(Policy):
             ctx.extra["scripted_detours"] = detours + 1
             return rng.choice(DETOURS.get(ctx.suite, ["WAIT"]))
         return reference[at]
-
-    def reasoning_time(self, ctx: PolicyContext) -> float:
-        rng = random.Random(f"latency:{ctx.seed}:{ctx.task_id}:{ctx.sample}:{ctx.step}")
-        tokens = rng.lognormvariate(self.mu, self.sigma)
-        return tokens / self.tokens_per_s * self.time_scale
-
-    async def decide(self, ctx: PolicyContext) -> Decision:
-        action = self.plan(ctx)
-        seconds = self.reasoning_time(ctx)
-        if self.sleep and seconds > 0:
-            await asyncio.sleep(seconds)
-        return Decision(action=action, reasoning_s=seconds)
