@@ -91,9 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="roll out GRPO groups on a suite and write trajectories and a summary")
     _suite_arguments(ev)
-    ev.add_argument("--tasks", type=Path, help="a file of task ids, one a line (default: the suite's tasks)")
-    ev.add_argument("--policy", default="scripted", help="scripted | replay:PATH | openai:URL (default scripted)")
-    ev.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    chosen = ev.add_mutually_exclusive_group()
+    chosen.add_argument("--tasks", type=Path, help="a file of task ids, one a line (default: the suite's tasks)")
+    chosen.add_argument("--task-dir", type=Path, metavar="DIR",
+                        help="run the task files under DIR (every *.json, recursively: OSWorld's "
+                             "evaluation_examples/examples, WebArena's config_files); the files the suite or the "
+                             "policy refuses are listed with the reason, the rest run")
+    ev.add_argument("--policy", default="scripted",
+                    help="scripted | grounded | replay:PATH | openai:URL (default scripted)")
+    ev.add_argument("--limit", type=int, default=None, help="only the first N tasks (after the refused ones)")
     ev.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
     ev.add_argument("--concurrency", type=int, default=8, help="rollouts at once")
     ev.add_argument("--memory-budget", type=nbytes_of, default=None, help="admit rollouts within this memory")
@@ -135,13 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--group-size", type=int, default=8)
     mem.add_argument("--time-scale", type=float, default=0.3, help="scripted policy reasoning time scale")
     mem.add_argument("--seed", type=int, default=0)
+    mem.add_argument("--repeat", type=int, default=1, help="run everything K times: medians and ranges")
     mem.add_argument("--json", type=Path, help="write results as JSON here")
     mem.add_argument("--plot", type=Path, help="write a PNG plot here")
 
-    sharing = bench_sub.add_parser("sharing", help="identical and shared memory of two samples of one group, per step")
+    sharing = bench_sub.add_parser("sharing", help="identical and shared memory of the samples of one task, per step")
     _suite_arguments(sharing)
     sharing.add_argument("--steps", type=int, default=10)
-    sharing.add_argument("--template", help="which template's tasks the samples play (default: longest)")
+    sharing.add_argument("--samples", type=int, default=2, help="samples forked per task (a GRPO group)")
+    sharing.add_argument("--template", default="all", help="NAME or all (default): whose tasks are measured")
+    sharing.add_argument("--tasks-per-template", type=int, help="only the first M tasks of each template")
+    sharing.add_argument("--policy", choices=["grounded", "scripted"], default="grounded",
+                         help="what drives the samples, at reasoning time scale 0 (default grounded)")
+    sharing.add_argument("--detour-p", type=float, help="the policy's detour probability (default: its own)")
+    sharing.add_argument("--seed", type=int, default=0, help="the run seed the sample seeds derive from")
     sharing.add_argument("--json", type=Path, help="write results as JSON here")
     sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
     return parser
@@ -174,11 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import memory as bench_memory
 
         return event_loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
-                                          args.time_scale, args.seed, args.json, args.plot))
+                                          args.time_scale, args.seed, args.json, args.plot, args.repeat))
     if args.command == "bench" and args.bench == "sharing":
         from .bench import sharing as bench_sharing
 
-        return event_loop.run(bench_sharing.main(make_suite(args), args.steps, args.template, args.json, args.plot))
+        try:
+            policy = bench_sharing.make_bench_policy(args.policy, args.detour_p)
+        except (ValueError, ImportError) as exc:
+            raise SystemExit(f"bunshin bench sharing: --policy: {exc}") from exc
+        return event_loop.run(bench_sharing.main(
+            make_suite(args), policy, args.steps, samples=args.samples, template=args.template,
+            per_template=args.tasks_per_template, seed=args.seed, json_path=args.json, plot_path=args.plot))
     if args.command == "eval":
         from bunshin.policies.registry import make_policy
 
@@ -188,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             policy = make_policy(args.policy, args.time_scale)
         except (ValueError, OSError) as exc:
             raise SystemExit(f"bunshin eval: --policy: {exc}") from exc
+        if args.task_dir is not None:
+            if not args.task_dir.is_dir():
+                raise SystemExit(f"bunshin eval: --task-dir {args.task_dir}: not a directory")
+            if any(name in ("tasks_dir", "lenient") for name, _ in args.set):
+                raise SystemExit("bunshin eval: --task-dir sets the suite's tasks_dir and lenient knobs itself")
+            args.set = [*args.set, ("tasks_dir", str(args.task_dir)), ("lenient", True)]
         summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,

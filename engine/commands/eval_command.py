@@ -1,7 +1,10 @@
 """``bunshin eval``: a batch of GRPO rollouts from the command line.
 
-Owns: the progress display, the summary (table on stdout, ``summary.json``) and ``trajectories.jsonl``.
-Must never: lose a finished rollout: trajectories are appended to the file as they finish.
+Owns: which tasks run (the suite's, or a tasks file's ids, less those the policy refuses, then ``--limit``), the
+progress display, the summary (table on stdout, ``summary.json``, and every task file not run with the reason: the
+suite's refusals of a ``--task-dir``, then the policy's) and ``trajectories.jsonl``.
+Must never: lose a finished rollout: trajectories are appended to the file as they finish; nor drop a refused task
+file silently: each is in ``summary["refused"]`` and on stdout.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from bunshin.envs.suites.base import Suite
+from bunshin.envs.suites.base import Refusal, Suite, SuiteTask
 from bunshin.policies.base import Policy
 
 from ..bench.report import human_bytes, markdown_table, write_json
@@ -60,6 +63,27 @@ def summarize(trajectories: list[Trajectory], wall_s: float, peak: int, gib_s: f
             "backend": backend, "tasks": len({t.task_id for t in trajectories}), "statuses": statuses}
 
 
+def runnable(tasks: dict[str, SuiteTask], ids: list[str] | None, policy: Policy,
+             refused: list[Refusal]) -> tuple[list[str], list[Refusal]]:
+    """The ids to run (``ids``, or every task, in order) without those ``policy`` refuses, and every task file not
+    run: ``refused`` (the suite's) and then the policy's refusals, each with the task's file."""
+    run, refused = [], list(refused)
+    for i in ids if ids is not None else list(tasks):
+        reason = policy.refuses(tasks[i])
+        if reason is None:
+            run.append(i)
+        else:
+            refused.append(Refusal(file=tasks[i].path, reason=reason))
+    return run, refused
+
+
+def print_refused(refused: list[Refusal]) -> None:
+    if refused:
+        print(f"refused {len(refused)} task file{'s' if len(refused) != 1 else ''}:")
+        for r in refused:
+            print(f"  {r.file}: {r.reason}")
+
+
 async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path | None = None,
                    limit: int | None = None, group_size: int = 4, concurrency: int = 8,
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
@@ -75,6 +99,7 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
             unknown = [i for i in ids if i not in engine.tasks]
             if unknown:
                 raise SystemExit(f"{tasks_file}: unknown task ids {unknown[:5]} for suite {suite.name}")
+        ids, refused = runnable(engine.tasks, ids, policy, suite.refused())
         requests = engine.requests(ids, limit=limit, group_size=group_size, seed=seed)
         progress = Progress(sum(r.group_size for r in requests))
         started = time.monotonic()
@@ -86,6 +111,7 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                 progress.update(result.trajectory, engine.meter.now())
         wall = time.monotonic() - started
     summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
+    summary["refused"] = msgspec.to_builtins(refused)
     write_json(out / "summary.json", summary)
     print(markdown_table([{**summary, "peak": human_bytes(summary["peak_memory_bytes"]),
                            "success": f"{summary['success_rate']:.0%}"}],
@@ -96,4 +122,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     if summary["failed"]:
         print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
                                                        if k != Status.OK))
+    print_refused(refused)
+    if not requests:
+        print(f"bunshin eval: nothing to run: {len(refused)} task file(s) refused (listed on stdout)"
+              if refused else f"bunshin eval: nothing to run: suite {suite.name} has no tasks", file=sys.stderr)
     return summary
