@@ -31,14 +31,15 @@ async def test_restored_clone_has_the_state_in_private_memory(make_runtime) -> N
     assert clone.memory().private >= 32 << 20
     assert clone.last_fork is not None and clone.last_fork.ready_s > clone.last_fork.freeze_s > 0
     # the source's dump stays while the source lives in this state, and goes with it
-    assert dumps(rt) == {f"dump-{source.id}-3.bin", f"dump-{source.id}-3.bin.layer"}
+    assert dumps(rt) == {f"dump-{source.id}-3.bin", f"dump-{source.id}-3.layer"}
     await source.close()
     assert dumps(rt) == set()
 
 
 def dumps(rt: WorkspaceRuntime) -> set[str]:
-    """The dump files and layers in the run's pool."""
-    return {n for n in os.listdir(rt.layers.root) if n.startswith("dump-")}
+    """The dump layers in the run's pool and the images in its tmpfs (``dumps/``)."""
+    return ({n for n in os.listdir(rt.layers.root) if n.startswith("dump-")}
+            | {n for n in os.listdir(rt.layers.root / "dumps")})
 
 
 @pytest.mark.asyncio
@@ -58,7 +59,9 @@ async def test_one_dump_per_source_state_restored_many_times_without_recomputing
     clones = await asyncio.gather(*(source.fork() for _ in range(3)))
     timings = sorted((c.last_fork.dump_reused, c.last_fork.freeze_s > 0) for c in clones)  # type: ignore[union-attr]
     assert timings == [(False, True), (True, False), (True, False)]
-    assert dumps(rt) == {f"dump-{source.id}-2.bin", f"dump-{source.id}-2.bin.w0", f"dump-{source.id}-2.bin.layer"}
+    assert dumps(rt) == {f"dump-{source.id}-2.bin", f"dump-{source.id}-2.bin.w0", f"dump-{source.id}-2.layer"}
+    mounts = [line.split() for line in open("/proc/mounts")]
+    assert [m[2] for m in mounts if m[1] == str(rt.layers.root / "dumps")] == ["tmpfs"]  # images in memory
     for clone in clones:
         restored = (await clone.execute(ToolCall(name="state"))).data
         assert restored == {**state, "set_up_here": False}  # the source's token and heap bytes, read back
@@ -66,7 +69,7 @@ async def test_one_dump_per_source_state_restored_many_times_without_recomputing
     again = await source.fork()
     assert again.last_fork is not None and not again.last_fork.dump_reused
     assert (await again.execute(ToolCall(name="state"))).data["count"] == 2
-    assert dumps(rt) == {f"dump-{source.id}-3.bin", f"dump-{source.id}-3.bin.w0", f"dump-{source.id}-3.bin.layer"}
+    assert dumps(rt) == {f"dump-{source.id}-3.bin", f"dump-{source.id}-3.bin.w0", f"dump-{source.id}-3.layer"}
     await source.close()
     assert dumps(rt) == set()
 

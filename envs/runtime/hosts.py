@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from .fork.backends import ForkBackend
 
 
+KILL_TIMEOUT_S = 60.0  # a killed process may take long to exit on a loaded machine (unmapping, writeback)
+
+
 @dataclass
 class RunResources:
     """What a run made at its start and every host of it uses (see ``WorkspaceRuntime.start``)."""
@@ -201,7 +204,7 @@ class Hosts:
         await asyncio.shield(task)
 
     async def _discard(self, ws: Workspace) -> None:
-        await asyncio.to_thread(ws.cgroup.kill_all)
+        await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)
         self._kill_if_running(ws.pid)
         await self.run.nursery.wait_exit(ws.pid, timeout=10.0)
         self.run.nursery.forget(ws.pid)

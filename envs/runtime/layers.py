@@ -6,6 +6,9 @@ time, and deleting layers. Why btrfs: a subvolume snapshot copies only the root 
 freezing a workspace's files costs ~3 ms whatever their size (measured on this project's machines), where
 copying or reflinking costs time per file; layer stacking in overlayfs would need the *source* to remount under
 its running processes. See docs/fork.md.
+Also the pool's ``dumps/`` directory, a tmpfs: the private-restore baseline's process images live in memory, as
+CRIU's images in a tmpfs or the page cache do (on the btrfs, writing them back to the loop file stalled every
+exiting workspace: an overlay's unmount syncs its whole upper file system).
 Must never: snapshot a layer whose workspace may be writing (the caller quiesces the workspace first).
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from ..errors import HostUnsupported
 from . import syscalls
 
+DUMPS = "dumps"  # the pool's tmpfs for process images (``fork/restore.py``)
 _BTRFS_IOCTL_MAGIC = 0x94
 _VOL_ARGS_V2_SIZE = 4096
 _VOL_ARGS_SIZE = 4096
@@ -79,10 +83,14 @@ class LayerStore:
             f.truncate(size_bytes)
         _run(["mkfs.btrfs", "-q", "-f", "-m", "single", "-d", "single", str(image)])
         _run(["mount", "-t", "btrfs", "-o", "loop,noatime", str(image), str(mnt)])
+        (mnt / DUMPS).mkdir()
+        syscalls.mount("tmpfs", str(mnt / DUMPS), "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC,
+                       "mode=700")
         return cls(mnt, image)
 
     def destroy_pool(self) -> None:
-        """Unmount (lazily, so late references cannot block us) and delete the pool image."""
+        """Unmount (lazily, so late references cannot block us; the dumps' tmpfs goes with it) and delete the
+        pool image."""
         try:
             syscalls.umount(str(self.root), syscalls.MNT_DETACH)
         except OSError:

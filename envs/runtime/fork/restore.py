@@ -1,7 +1,7 @@
 """The private-restore baseline, engine side: what a CRIU-like system does instead of a live fork.
 
 The source's host dumps every process of the workspace (``checkpoint.py``: the host's and each worker's state
-image) and snapshots its files beside them, once per state of the source: a dump is restored as many times as the
+image, in the pool's tmpfs ``dumps/``) and snapshots its files beside them, once per state of the source: a dump is restored as many times as the
 source is forked before its next tool call (CRIU restores one image many times). A restore starts a fresh host on
 a copy of those files, which reads the images back into private memory and starts the workers from theirs.
 Nothing is shared with the source and nothing is recomputed: this is what the live fork is measured against.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
 from ...workspace import ForkTiming, Snapshot, Workspace
 from .. import await_points
+from ..layers import DUMPS
 from ..protocol import Checkpoint, Checkpointed
 from .backends import AllOrNothingFork, clone_seed
 from .checkpoint import worker_path
@@ -77,8 +78,8 @@ class PrivateRestore(AllOrNothingFork):
         if made:
             if entry is not None:
                 await self._retire(entry[0])
-            path = f"dump-{source.id}-{source.calls}.bin"
-            dump = Dump(path=path, layer=f"{path}.layer", calls=source.calls)
+            name = f"dump-{source.id}-{source.calls}"
+            dump = Dump(path=f"{DUMPS}/{name}.bin", layer=f"{name}.layer", calls=source.calls)
             entry = (dump, asyncio.ensure_future(self._write(source, dump)))
             self._dumps[source.id] = entry
         dump, writing = entry  # type: ignore[misc]
