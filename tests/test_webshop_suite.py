@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from bunshin.engine.bench.sharing import plans
 from bunshin.engine.commands.suite_check import check
 from bunshin.envs import ToolCall
 from bunshin.envs.runtime.page_sharing import compare, page_set
 from bunshin.envs.suites import webarena
-from bunshin.envs.suites.base import ActionError, play
+from bunshin.envs.suites.base import ActionError, SuiteTask, play
 from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite
 
@@ -226,10 +225,20 @@ def test_a_task_without_a_reference_solution_is_refused(tmp_path: Path) -> None:
         WebShopSuite(tasks_dir=tmp_path).tasks()
 
 
+def plans(tasks: list[SuiteTask], steps: int, template: str) -> tuple[SuiteTask, list[ToolCall], list[ToolCall]]:
+    """A fixed two-sample workload: A plays the reference solutions of a template's tasks 0, 2, 4..., B of 1, 3,
+    5... (the sharing benchmark's earlier procedure)."""
+    group = [t for t in tasks if t.template == template]
+    a = [c for t in group[0::2] for c in t.reference[:-1]]
+    b = [c for t in group[1::2] for c in t.reference[:-1]]
+    assert min(len(a), len(b)) >= steps, f"template {template!r} is too short for {steps} steps"
+    return group[0], a[:steps], b[:steps]
+
+
 @pytest.mark.asyncio
 async def test_a_forked_shop_shares_at_least_half_its_memory_after_ten_actions(runtime) -> None:
     suite = WebShopSuite()  # the default workload: what the memory benchmarks run
-    start, plan_a, plan_b = plans(suite.tasks(), 10, suite.sharing_template)
+    start, plan_a, plan_b = plans(suite.tasks(), 10, "add_to_cart")
     base = await runtime.create(suite.app(start))
     await suite.start(base, start)
     a, b = await base.fork(), await base.fork()

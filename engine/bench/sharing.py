@@ -98,23 +98,6 @@ def select(tasks: list[SuiteTask], template: str, per_template: int | None) -> d
     return by_template
 
 
-def plans(tasks: list[SuiteTask], steps: int, template: str | None) -> tuple[SuiteTask, list[ToolCall], list[ToolCall]]:
-    """The earlier procedure's two-sample plan (A plays the reference solutions of a template's tasks 0, 2, 4..., B
-    of 1, 3, 5...), kept for the test that a forked shop keeps sharing under a fixed workload; the benchmark no
-    longer uses it (its samples play one task)."""
-    by_template = select(tasks, "all", None)
-    if template is None:  # the template with the longest references
-        template = max(by_template, key=lambda k: (sum(len(t.reference) for t in by_template[k]), k))
-    if template not in by_template or len(by_template[template]) < 2:
-        raise ValueError(f"template {template!r} needs two tasks; known: {sorted(by_template)}")
-    group = by_template[template]
-    a = [c for t in group[0::2] for c in t.reference[:-1]]
-    b = [c for t in group[1::2] for c in t.reference[:-1]]
-    if min(len(a), len(b)) < steps:
-        raise ValueError(f"template {template!r} has only {min(len(a), len(b))} steps per sample, asked {steps}")
-    return group[0], a[:steps], b[:steps]
-
-
 # -- one task -------------------------------------------------------------------------------------------------
 @dataclass
 class _Sample:

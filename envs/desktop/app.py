@@ -42,8 +42,8 @@ Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
   raw (1920x1080 RGB, 6 MiB each), one per agent step: the main private growth of a sample's first steps.
 
 Measured with the defaults (``bunshin bench sharing --suite desktop --steps 10``, BENCHMARKS.md): a workspace of
-~116 MiB after setup, ~190 MiB after ten steps of the project_tests group, of which ~0.66 is identical by content to
-the other sample's and ~0.45 physically shared.
+~116 MiB after setup, ~157 MiB after ten steps (median over the tasks); two samples of one task are ~0.81 identical
+by content and ~0.57 physically shared.
 """
 
 from __future__ import annotations

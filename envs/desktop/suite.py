@@ -82,7 +82,6 @@ def _decode_json_action(text: str) -> tuple[str, dict[str, Any]]:
 
 class DesktopSuite(Suite):
     name = "desktop"
-    sharing_template = "project_tests"  # the group ``bunshin bench sharing`` plays by default: run, read, fix, rerun
 
     def __init__(self, tasks_dir: str | Path | None = None, lenient: bool = False, **app_kwargs: Any):
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else TASKS_DIR

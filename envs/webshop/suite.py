@@ -41,7 +41,6 @@ class WebShopSuite(Suite):
     ``refused()`` instead of raising; ``envs/suites/task_dir.py``)."""
 
     name = "webshop"
-    sharing_template = "add_to_cart"  # the group ``bunshin bench sharing`` plays by default
 
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
