@@ -59,6 +59,29 @@ async def test_cancelled_fork_leaves_nothing_and_source_in_step(runtime: Workspa
     assert (await source.fork()).parent == source.id
 
 
+RESTORE_POINTS = ["fork.restore.checkpoint", "workspace.request.sent", "hosts.start.spawn", "hosts.await_ready"]
+
+
+@pytest.mark.parametrize("point", RESTORE_POINTS)
+async def test_a_cancelled_restore_leaves_nothing_and_its_dump_goes_with_the_source(make_runtime, point: str) -> None:
+    """The restore backend: a fork cancelled while dumping or restoring leaves no clone; the dump is kept for the
+    next fork of the same state (or removed if it was never finished) and goes when the source closes."""
+    from bunshin.envs import ToolCall
+
+    rt: WorkspaceRuntime = await make_runtime(backend="restore")
+    source = await rt.create(heap_app())
+    task = asyncio.ensure_future(source.fork())
+    with await_points.hook(cancel_at(task, point)):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    consistent(rt)
+    assert list(rt.workspaces) == [source.id]
+    assert (await source.execute(ToolCall(name="shell", args={"cmd": "echo next"}))).output == "next\n"
+    assert (await source.fork()).parent == source.id
+    await source.close()
+    assert not os.listdir(rt.layers.root / "dumps") and not [n for n in rt.layers.names() if n.startswith("dump-")]
+
+
 @pytest.mark.parametrize("point", CREATE_POINTS)
 async def test_cancelled_create_leaves_nothing(runtime: WorkspaceRuntime, point: str) -> None:
     task = asyncio.ensure_future(runtime.create(heap_app()))

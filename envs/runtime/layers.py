@@ -144,7 +144,8 @@ class LayerStore:
             os.close(fd)
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        """The layers in the pool (not the dumps' tmpfs)."""
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name != DUMPS)
 
 
 class LayersUnavailable(HostUnsupported):

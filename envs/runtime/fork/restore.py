@@ -17,6 +17,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
 from ...workspace import ForkTiming, Snapshot, Workspace
@@ -25,6 +26,9 @@ from ..layers import DUMPS
 from ..protocol import Checkpoint, Checkpointed
 from .backends import AllOrNothingFork, clone_seed
 from .checkpoint import worker_path
+
+if TYPE_CHECKING:
+    from ..hosts import Hosts
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Dump:
 class PrivateRestore(AllOrNothingFork):
     name = "restore"
 
-    def __init__(self, hosts) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, hosts: Hosts) -> None:
         super().__init__(hosts)
         self._dumps: dict[str, tuple[Dump, asyncio.Future[Dump]]] = {}  # source id -> its latest dump
 
@@ -76,12 +80,13 @@ class PrivateRestore(AllOrNothingFork):
         entry = self._dumps.get(source.id)
         made = entry is None or entry[0].calls != source.calls
         if made:
-            if entry is not None:
-                await self._retire(entry[0])
+            stale = entry
             name = f"dump-{source.id}-{source.calls}"
             dump = Dump(path=f"{DUMPS}/{name}.bin", layer=f"{name}.layer", calls=source.calls)
             entry = (dump, asyncio.ensure_future(self._write(source, dump)))
-            self._dumps[source.id] = entry
+            self._dumps[source.id] = entry  # before any await: a concurrent fork of this state finds it
+            if stale is not None:
+                await self._retire(stale[0])
         dump, writing = entry  # type: ignore[misc]
         dump.readers += 1  # before awaiting: nobody removes a dump someone waits for
         try:
@@ -108,8 +113,8 @@ class PrivateRestore(AllOrNothingFork):
             if isinstance(exc, RequestRefused):
                 raise ForkFailed(source.id, f"dump of {source.id} failed: {exc.detail}") from exc
             raise
-        assert isinstance(reply, Checkpointed)
-        dump.workers, dump.bytes_written, dump.freeze_s = reply.workers, reply.bytes_written, reply.freeze_ns / 1e9
+        dump.workers, dump.bytes_written = reply.workers, reply.bytes_written  # type: ignore[union-attr]
+        dump.freeze_s = reply.freeze_ns / 1e9  # type: ignore[union-attr]
         return dump
 
     async def forget(self, source: Workspace) -> None:
