@@ -93,3 +93,5 @@ class MemoryMeter:
                 await task
         if tasks:
             self.sample()
+            if self.detail is not None:  # a last detailed reading: a run shorter than its interval has one too
+                self.add_detail(await asyncio.to_thread(self.detail))
