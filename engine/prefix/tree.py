@@ -1,0 +1,485 @@
+"""The tool-prefix tree as a pure data structure: which workspace states exist, who stands on them, what to evict.
+
+A namespace (suite, task, configuration digest) has one root, the task's initialised workspace; a node below it
+stands for the workspace after one more canonical call, and keeps that call's observation, its tool-seconds and a
+hot entry (a frozen snapshot handle and its bytes), a cold entry (a checkpoint id and its bytes on disk), both, or
+neither (absent: its observation still serves hits; its state is rebuilt by replaying calls from the nearest
+ancestor that has an entry, ``rebuild_path``). Samples pin the node they stand on or fork from; budget eviction
+never touches a pinned entry. A pin protects only its node's entries: a snapshot is a standalone frozen fork, so an
+unpinned ancestor's snapshot may go while a descendant is in use; a checkpoint stored as a delta on its parent's
+keeps that parent's checkpoint (and, transitively, its chain) from eviction. Explicit drops (``drop_hot``,
+``drop_cold``: a broken snapshot, a corrupt checkpoint) are the engine's and ignore pins.
+
+Owns: nodes, their entries and pins, the per-(node, call) issue counts behind admission, the byte accounting
+against both budgets, choosing and applying evictions (``evict`` removes the entries at once and hands them back:
+the engine closes the snapshots and deletes the checkpoints afterwards), statistics, and ``check``, the invariants.
+Must never: touch a workspace or the disk, read a clock (it is injected), await, share a node between namespaces,
+or remove a node record (an entry goes; the node, its call and observation stay, so replay can rebuild it).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.records import ToolCall, canonical
+
+from ..errors import EngineError
+from .eviction import LRU, Candidate, EvictionStrategy, Kind, cold_evictable, plan
+
+ISSUERS_KEPT = 16  # distinct issuers remembered per (node, call) that was not admitted: bounds the memory
+
+
+class PrefixError(EngineError):
+    """Misuse of the prefix tree (a node of another tree, a delta without its base, a release too many)."""
+
+
+class Namespace(msgspec.Struct, frozen=True, kw_only=True):
+    """What must be equal for two workspaces to share prefixes. ``config``: a digest of the workspace configuration
+    and code version (``Namespace.digest``); a changed suite or code starts a new namespace."""
+
+    suite: str
+    task_id: str
+    config: str
+
+    @staticmethod
+    def digest(*parts: Any) -> str:
+        return hashlib.sha256(msgspec.json.encode(parts, order="sorted")).hexdigest()[:16]
+
+
+class State(enum.Enum):
+    ABSENT = "absent"
+    HOT = "hot"
+    COLD = "cold"
+    BOTH = "hot+cold"
+
+
+@dataclass(frozen=True, slots=True)
+class HotEntry:
+    handle: object  # the engine's snapshot (a frozen ``Snapshot``); opaque here
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ColdEntry:
+    """``delta``: stored relative to the parent's checkpoint, so it is readable only while the parent's cold entry
+    exists; the tree never evicts a checkpoint a child's delta builds on."""
+
+    checkpoint_id: str
+    nbytes: int
+    delta: bool = False
+
+
+@dataclass(eq=False)
+class Node:
+    id: int
+    ns: Namespace
+    call: ToolCall | None  # None at a root
+    key: bytes  # canonical(call); b"" at a root
+    observation: object
+    parent: Node | None
+    tool_s: float = 0.0  # what the call took, what a hit on it saves
+    children: dict[bytes, Node] = field(default_factory=dict)
+    hot: HotEntry | None = None
+    cold: ColdEntry | None = None
+    pins: int = 0
+    hits: int = 0
+    last_used: float = 0.0
+    non_cacheable: bool = False
+    issues: dict[bytes, set[Hashable]] = field(default_factory=dict)  # calls issued here that are not children
+    inflation: dict[Kind, float] = field(default_factory=dict)  # the tree's GreedyDual L at the last use
+    digest: str = ""  # stable across runs: (namespace, canonical path); a name for its checkpoint
+
+    @property
+    def depth(self) -> int:
+        return sum(1 for _ in self.ancestors()) - 1
+
+    @property
+    def state(self) -> State:
+        if self.hot is not None:
+            return State.BOTH if self.cold is not None else State.HOT
+        return State.COLD if self.cold is not None else State.ABSENT
+
+    def ancestors(self) -> Iterator[Node]:
+        """This node, its parent, ... its root."""
+        node: Node | None = self
+        while node is not None:
+            yield node
+            node = node.parent
+
+    @property
+    def dead(self) -> bool:
+        """Below (or at) a non-cacheable call: nothing serves from it, its entries go at the next eviction."""
+        return any(n.non_cacheable for n in self.ancestors())
+
+    def calls(self) -> list[ToolCall]:
+        """The calls from the root to this node."""
+        return [n.call for n in reversed(list(self.ancestors())) if n.call is not None]
+
+    def __repr__(self) -> str:
+        what = self.call.name if self.call is not None else "root"
+        return f"<Node {self.id} {what} depth={self.depth} {self.state.value} pins={self.pins}>"
+
+
+class Admission:
+    """Which executed calls become nodes: a call issued from the same node by ``min_issuers`` distinct issuers
+    (an issuer is whatever the engine passes: (epoch, group, sample) makes "another sample or an earlier epoch").
+    Never below a non-cacheable node, never a call declared non-cacheable."""
+
+    def __init__(self, min_issuers: int = 2):
+        if not 1 <= min_issuers <= ISSUERS_KEPT:
+            raise ValueError(f"min_issuers must be within 1..{ISSUERS_KEPT}, got {min_issuers}")
+        self.min_issuers = min_issuers
+
+    def admit(self, parent: Node, call: ToolCall, issuers: int) -> bool:
+        return issuers >= self.min_issuers
+
+
+class Pin:
+    """A sample's reference to a node. ``release()`` is idempotent; ``move(node)`` pins the next node before it lets
+    go of this one (a walk down the tree). Usable as a context manager."""
+
+    def __init__(self, tree: PrefixTree, node: Node):
+        self._tree, self.node, self.released = tree, node, False
+
+    def move(self, node: Node) -> None:
+        if self.released:
+            raise PrefixError("move() on a released pin")
+        self._tree._pin(node)
+        self._tree._unpin(self.node)
+        self.node = node
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._tree._unpin(self.node)
+
+    def __enter__(self) -> Pin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class Evictions:
+    """Entries given up: the engine closes each hot handle and deletes each checkpoint."""
+
+    hot: list[tuple[Node, HotEntry]] = field(default_factory=list)
+    cold: list[tuple[Node, ColdEntry]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.hot or self.cold)
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    hits: int
+    misses: int
+    hit_rate: float
+    tool_s_skipped: float
+    admitted: int
+    refused: int
+    nodes: int
+    nodes_hot: int
+    nodes_cold: int
+    nodes_absent: int
+    bytes_hot: int
+    bytes_cold: int
+    pinned: int
+    evicted_hot: int
+    evicted_cold: int
+
+
+class PrefixTree:
+    """See the module docstring. ``hot_budget`` / ``cold_budget``: bytes, None for unbounded."""
+
+    def __init__(self, *, hot_budget: int | None = None, cold_budget: int | None = None,
+                 clock: Callable[[], float], strategy: EvictionStrategy | None = None,
+                 admission: Admission | None = None):
+        self.hot_budget, self.cold_budget, self.clock = hot_budget, cold_budget, clock
+        self.strategy = strategy if strategy is not None else LRU()
+        self.admission = admission if admission is not None else Admission()
+        self.roots: dict[Namespace, Node] = {}
+        self.nodes: dict[int, Node] = {}
+        self.by_digest: dict[str, Node] = {}  # the store names checkpoints by digest (``CorruptEntry.dropped``)
+        self.bytes_hot = self.bytes_cold = 0
+        self.inflation = {Kind.HOT: 0.0, Kind.COLD: 0.0}
+        self._next_id = 0
+        self._counts = dict.fromkeys(("hits", "misses", "admitted", "refused", "evicted_hot", "evicted_cold"), 0)
+        self._skipped_s = 0.0
+
+    # -- structure ----------------------------------------------------------------------------------------------
+    def _new(self, ns: Namespace, call: ToolCall | None, observation: object, parent: Node | None,
+             tool_s: float) -> Node:
+        key = canonical(call) if call is not None else b""
+        seed = parent.digest.encode() + b"\0" + key if parent is not None else b"root\0" + msgspec.json.encode(ns)
+        node = Node(id=self._next_id, ns=ns, call=call, key=key, observation=observation, parent=parent,
+                    tool_s=tool_s, last_used=self.clock(), inflation=dict(self.inflation),
+                    digest=hashlib.sha256(seed).hexdigest()[:32])
+        self._next_id += 1
+        self.nodes[node.id] = self.by_digest[node.digest] = node
+        return node
+
+    def _own(self, node: Node) -> Node:
+        if self.nodes.get(node.id) is not node:
+            raise PrefixError(f"{node!r} is not a node of this tree")
+        return node
+
+    def root(self, ns: Namespace, observation: object = None) -> Node:
+        """The root of ``ns`` (created on first use; ``observation``: the task's first observation)."""
+        if ns not in self.roots:
+            self.roots[ns] = self._new(ns, None, observation, None, 0.0)
+        return self.roots[ns]
+
+    def child(self, node: Node, call: ToolCall) -> Node | None:
+        """The child of ``node`` for ``call``, if it can serve (not below a non-cacheable call). No statistics."""
+        found = self._own(node).children.get(canonical(call))
+        return None if found is None or found.dead else found
+
+    def lookup(self, ns: Namespace, calls: Sequence[ToolCall]) -> Node | None:
+        """The deepest node matching a prefix of ``calls`` (the root when none matches; None without a root)."""
+        node = self.roots.get(ns)
+        if node is None or node.dead:
+            return None
+        for call in calls:
+            found = self.child(node, call)
+            if found is None:
+                break
+            node = found
+        return node
+
+    def walk(self, node: Node, call: ToolCall) -> Node | None:
+        """One step of a sample's walk: the child serving ``call`` (a hit: its observation is the answer and its
+        tool-seconds are skipped), or None (a miss: fork ``node``'s state and execute the call)."""
+        found = self.child(node, call)
+        if found is None:
+            self._counts["misses"] += 1
+            return None
+        self._counts["hits"] += 1
+        self._skipped_s += found.tool_s
+        found.hits += 1
+        self.touch(found)
+        return found
+
+    def touch(self, node: Node) -> None:
+        """``node`` was used (hit, pinned, its state forked): it is the most recent for eviction."""
+        node.last_used = self.clock()
+        node.inflation = dict(self.inflation)
+
+    def add(self, parent: Node, call: ToolCall, observation: object, tool_s: float, *,
+            issuer: Hashable | None = None, non_cacheable: bool = False) -> Node | None:
+        """``call`` was executed from ``parent``'s state and answered ``observation`` in ``tool_s``. Returns its node
+        if it is (or already was) one the sample may stand on, None otherwise (admission refused it; the issue is
+        counted either way). ``non_cacheable`` (declared by the suite) records a node that serves nothing, so the
+        call is never admitted again and nothing below it is cached."""
+        key = canonical(call)
+        if self._own(parent).dead:
+            self._counts["refused"] += 1
+            return None
+        if key in parent.children:  # another sample added it meanwhile (the engine compares observations)
+            found = parent.children[key]
+            return None if found.non_cacheable else found
+        if non_cacheable:  # remembered as a node so that it is never counted or admitted again
+            parent.issues.pop(key, None)
+            parent.children[key] = self._new(parent.ns, call, observation, parent, tool_s)
+            parent.children[key].non_cacheable = True
+            return None
+        issuers = parent.issues.setdefault(key, set())
+        if len(issuers) < ISSUERS_KEPT:
+            issuers.add(issuer if issuer is not None else object())
+        if not self.admission.admit(parent, call, len(issuers)):
+            self._counts["refused"] += 1
+            return None
+        del parent.issues[key]
+        node = parent.children[key] = self._new(parent.ns, call, observation, parent, tool_s)
+        self._counts["admitted"] += 1
+        return node
+
+    def issues(self, parent: Node, call: ToolCall) -> int:
+        """Distinct issuers of ``call`` from ``parent`` not yet admitted (capped at ``ISSUERS_KEPT``)."""
+        return len(parent.issues.get(canonical(call), ()))
+
+    def mark_non_cacheable(self, node: Node) -> None:
+        """``node``'s call is not deterministic (replay answered differently): it and its subtree serve nothing
+        from now on; their unpinned entries go at the next ``evict()``, pinned ones once released."""
+        self._own(node).non_cacheable = True
+
+    # -- pins and entries ---------------------------------------------------------------------------------------
+    def pin(self, node: Node) -> Pin:
+        self._pin(node)
+        return Pin(self, node)
+
+    def unpin(self, pin: Pin) -> None:
+        pin.release()
+
+    def _pin(self, node: Node) -> None:
+        self._own(node).pins += 1
+        self.touch(node)
+
+    def _unpin(self, node: Node) -> None:
+        if node.pins <= 0:
+            raise PrefixError(f"{node!r} released more often than pinned")
+        node.pins -= 1
+
+    def set_hot(self, node: Node, handle: object, nbytes: int) -> HotEntry | None:
+        """``node``'s state is now the snapshot ``handle``; returns the entry it replaces (the engine closes it)."""
+        old = self.drop_hot(node)
+        node.hot = HotEntry(handle, _size(nbytes))
+        self.bytes_hot += node.hot.nbytes
+        self.touch(node)
+        return old
+
+    def set_cold(self, node: Node, checkpoint_id: str, nbytes: int, *, delta: bool = False) -> list[ColdEntry]:
+        """``node``'s state is now on disk as ``checkpoint_id``; returns what it replaces (with the deltas that
+        were built on the replaced checkpoint: the engine deletes them)."""
+        if delta and (node.parent is None or node.parent.cold is None):
+            raise PrefixError(f"a delta checkpoint for {node!r} needs its parent's checkpoint")
+        old = [entry for _, entry in self.drop_cold(node)]
+        node.cold = ColdEntry(checkpoint_id, _size(nbytes), delta)
+        node.inflation[Kind.COLD] = self.inflation[Kind.COLD]
+        self.bytes_cold += node.cold.nbytes
+        return old
+
+    def drop_hot(self, node: Node) -> HotEntry | None:
+        """Remove ``node``'s hot entry now, pinned or not (a broken snapshot); returns it for the engine to close."""
+        entry, self._own(node).hot = node.hot, None
+        if entry is not None:
+            self.bytes_hot -= entry.nbytes
+        return entry
+
+    def drop_cold(self, node: Node) -> list[tuple[Node, ColdEntry]]:
+        """Remove ``node``'s cold entry now (a corrupt checkpoint), and every delta below it that built on it."""
+        dropped: list[tuple[Node, ColdEntry]] = []
+        stack = [self._own(node)] if node.cold is not None else []
+        while stack:
+            n = stack.pop()
+            dropped.append((n, n.cold))  # type: ignore[arg-type]
+            self.bytes_cold -= n.cold.nbytes  # type: ignore[union-attr]
+            n.cold = None
+            stack.extend(c for c in n.children.values() if c.cold is not None and c.cold.delta)
+        return dropped
+
+    # -- replay -------------------------------------------------------------------------------------------------
+    def rebuild_path(self, node: Node) -> tuple[Node, list[ToolCall]]:
+        """Where ``node``'s state comes from: the nearest ancestor (itself included) with an entry and the calls
+        to replay from it, in order. When no node on the path has one, the root and every call: the caller sets
+        the task up afresh and replays. Pin the ancestor while replaying from it."""
+        if self._own(node).dead:
+            raise PrefixError(f"{node!r} is below a non-cacheable call: replay cannot rebuild it")
+        calls: list[ToolCall] = []
+        source = node
+        for source in node.ancestors():
+            if source.state is not State.ABSENT or source.parent is None:
+                break
+            calls.append(source.call)  # type: ignore[arg-type]
+        return source, calls[::-1]
+
+    # -- eviction -----------------------------------------------------------------------------------------------
+    def plan_evictions(self) -> tuple[list[Candidate], list[Candidate]]:
+        """What ``evict()`` would drop (hot victims, cold victims), without dropping anything."""
+        hot, cold = self._plan()
+        return [c for c, _ in hot], [c for c, _ in cold]
+
+    def _plan(self) -> tuple[list[tuple[Candidate, float]], list[tuple[Candidate, float]]]:
+        return plan(self.nodes, _excess(self.bytes_hot, self.hot_budget), _excess(self.bytes_cold, self.cold_budget),
+                    self.strategy)
+
+    def evict(self) -> Evictions:
+        """Drop what the strategy chose to get back under both budgets (and every unpinned entry below a
+        non-cacheable call). If only pinned entries are left the tree stays over budget until they are released;
+        ``over_budget()`` says so, and the engine should take no new snapshot meanwhile (``fits_hot``)."""
+        hot_victims, cold_victims = self._plan()
+        for kind, victims in ((Kind.HOT, hot_victims), (Kind.COLD, cold_victims)):
+            for c, key in victims:  # GreedyDual's L: the largest key evicted so far (forced ones do not count)
+                if not c.forced:
+                    self.inflation[kind] = max(self.inflation[kind], key)
+        out = Evictions()
+        for c, _ in hot_victims:
+            node = self.nodes[c.node_id]
+            out.hot.append((node, self.drop_hot(node)))  # type: ignore[arg-type]
+        for c, _ in cold_victims:  # leaves first: no drop cascades
+            node = self.nodes[c.node_id]
+            (dropped,) = self.drop_cold(node)
+            out.cold.append(dropped)
+        self._counts["evicted_hot"] += len(out.hot)
+        self._counts["evicted_cold"] += len(out.cold)
+        return out
+
+    def over_budget(self) -> bool:
+        return _excess(self.bytes_hot, self.hot_budget) > 0 or _excess(self.bytes_cold, self.cold_budget) > 0
+
+    def fits_hot(self, nbytes: int) -> bool:
+        """Whether a new snapshot of ``nbytes`` would stay within the hot budget once every unpinned hot entry
+        could go: False means it would be evicted at once or leave the tree over budget."""
+        if self.hot_budget is None:
+            return True
+        pinned = sum(n.hot.nbytes for n in self.nodes.values() if n.hot is not None and n.pins > 0)
+        return pinned + nbytes <= self.hot_budget
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+    def statistics(self) -> PrefixStats:
+        states = [n.state for n in self.nodes.values()]
+        served = self._counts["hits"] + self._counts["misses"]
+        return PrefixStats(
+            hits=self._counts["hits"], misses=self._counts["misses"],
+            hit_rate=self._counts["hits"] / served if served else 0.0, tool_s_skipped=round(self._skipped_s, 6),
+            admitted=self._counts["admitted"], refused=self._counts["refused"], nodes=len(states),
+            nodes_hot=sum(s in (State.HOT, State.BOTH) for s in states),
+            nodes_cold=sum(s in (State.COLD, State.BOTH) for s in states),
+            nodes_absent=states.count(State.ABSENT), bytes_hot=self.bytes_hot, bytes_cold=self.bytes_cold,
+            pinned=sum(n.pins > 0 for n in self.nodes.values()),
+            evicted_hot=self._counts["evicted_hot"], evicted_cold=self._counts["evicted_cold"])
+
+    def evictable(self) -> list[Node]:
+        """Nodes holding an entry that no pin protects (budget eviction may take their entries)."""
+        return [n for n in self.nodes.values() if n.state is not State.ABSENT and n.pins == 0]
+
+    def protected(self) -> list[Node]:
+        """Nodes holding an entry that a pin protects."""
+        return [n for n in self.nodes.values() if n.state is not State.ABSENT and n.pins > 0]
+
+    def check(self, *, budgets: bool = False) -> None:
+        """Assert the invariants (tests call it after every step; ``budgets=True`` right after ``evict()``)."""
+        seen: set[int] = set()
+        for ns, root in self.roots.items():
+            assert root.ns == ns and root.parent is None and root.call is None, root
+            stack = [root]
+            while stack:
+                n = stack.pop()
+                assert n.id not in seen and self.nodes.get(n.id) is n, f"{n!r} reached twice or not registered"
+                seen.add(n.id)
+                assert n.pins >= 0 and n.ns == ns, n
+                for key, c in n.children.items():
+                    assert c.parent is n and c.ns == n.ns and c.key == key == canonical(c.call), c  # type: ignore
+                    assert key not in n.issues, "an admitted call still counted as an issue"
+                    stack.append(c)
+                if n.cold is not None and n.cold.delta:
+                    assert n.parent is not None and n.parent.cold is not None, f"{n!r}: delta without its base"
+        assert seen == set(self.nodes), "a node not reachable from its namespace's root"
+        assert {n.digest: n.id for n in self.by_digest.values()} == {n.digest: n.id for n in self.nodes.values()}
+        with_entry = [n for n in self.nodes.values() if n.state is not State.ABSENT]
+        assert len(self.evictable()) + len(self.protected()) == len(with_entry)
+        assert self.bytes_hot == sum(n.hot.nbytes for n in self.nodes.values() if n.hot is not None)
+        assert self.bytes_cold == sum(n.cold.nbytes for n in self.nodes.values() if n.cold is not None)
+        if budgets:  # over a budget only when nothing of that kind may go
+            if _excess(self.bytes_hot, self.hot_budget) > 0:
+                assert not any(n.hot is not None and n.pins == 0 for n in self.nodes.values()), "hot over budget"
+            if _excess(self.bytes_cold, self.cold_budget) > 0:
+                assert not any(cold_evictable(n) for n in self.nodes.values()), "cold over budget"
+            assert not any(n.dead and n.pins == 0 and n.hot is not None for n in self.nodes.values())
+
+
+def _size(nbytes: int) -> int:
+    if nbytes < 0:
+        raise PrefixError(f"an entry's size is >= 0 bytes, got {nbytes}")
+    return nbytes
+
+
+def _excess(used: int, budget: int | None) -> int:
+    return 0 if budget is None else used - budget
