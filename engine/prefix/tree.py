@@ -301,6 +301,16 @@ class PrefixTree:
         self._counts["admitted"] += 1
         return node
 
+    def restore(self, parent: Node, call: ToolCall, observation: object, tool_s: float) -> Node:
+        """A node as a saved tree had it (``persist.py``): no admission, nothing counted; a call already under
+        ``parent`` is refused (``ValueError``)."""
+        key = canonical(call)
+        if key in parent.children:
+            raise ValueError(f"{key} is already a child of {parent.digest}")
+        parent.issues.pop(key, None)
+        node = parent.children[key] = self._new(parent.ns, call, observation, parent, tool_s)
+        return node
+
     def issues(self, parent: Node, call: ToolCall) -> int:
         """Distinct issuers of ``call`` from ``parent`` not yet admitted (capped at ``ISSUERS_KEPT``)."""
         return len(parent.issues.get(canonical(call), ()))
