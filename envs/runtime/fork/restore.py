@@ -109,7 +109,7 @@ class PrivateRestore(AllOrNothingFork):
             reply = await source.request(Checkpoint(path=dump.path, layer=dump.layer))
             source.expect(reply, Checkpointed)
         except BaseException as exc:
-            await asyncio.shield(asyncio.to_thread(self._remove, dump, 64))
+            await asyncio.shield(asyncio.to_thread(self._remove, dump))
             if isinstance(exc, RequestRefused):
                 raise ForkFailed(source.id, f"dump of {source.id} failed: {exc.detail}") from exc
             raise
@@ -129,13 +129,17 @@ class PrivateRestore(AllOrNothingFork):
         if dump.readers == 0:
             await asyncio.shield(asyncio.to_thread(self._remove, dump))
 
-    def _remove(self, dump: Dump, workers: int | None = None) -> None:
-        """Delete the dump's images and layer (``workers``: how many worker images to look for, when the host
-        may have written some before it failed). Blocking; a second call does nothing."""
+    def _remove(self, dump: Dump) -> None:
+        """Delete the dump's images (the host's and every worker's it wrote, even if the dump failed midway) and its
+        layer. Blocking; a second call does nothing."""
         if dump.removed:
             return
         dump.removed = True
-        for name in [dump.path, *(worker_path(dump.path, i) for i in range(workers or dump.workers))]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=self.hosts.pool_fd)
+        images = self.hosts.layers.path(DUMPS)
+        stem = os.path.basename(dump.path)
+        workers = worker_path(stem, 0).removesuffix("0")  # "<stem>.w": every worker image's prefix
+        for name in os.listdir(images):
+            if name == stem or name.startswith(workers):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(images / name)
         self.hosts.layers.delete(dump.layer)
