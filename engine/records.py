@@ -63,8 +63,10 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
     call: ToolCall  # as the workspace took it (element names resolved to ids)
     observation: StepObservation
     reasoning_s: float  # the policy's thinking time before this call
-    tool_s: float  # the tool call's time in the workspace
-    source: str = "executed"  # "executed" | "cached" | "speculated" (the prefix tree and speculation)
+    tool_s: float  # the tool call's time in a workspace of this sample's (0 when served from the prefix tree)
+    source: str = "executed"  # "executed" | "cached" (a prefix-tree hit) | "rebuilt" (executed in a workspace
+    # the prefix tree rebuilt by replay) | "speculated" (speculation, later)
+    saved_s: float = 0.0  # a cached step: the tool-seconds the call took when it was executed, skipped here
     action_text: str | None = None  # what the policy said, when it spoke the suite's action language
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
