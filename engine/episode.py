@@ -71,12 +71,12 @@ class Episode:
         return Act(call=call, text=text)
 
     def record(self, decision: Decision, act: Act, call: ToolCall, obs: Observation, tool_s: float,
-               source: str = "executed") -> None:
+               source: str = "executed", saved_s: float = 0.0) -> None:
         """``call`` (``act``'s call as the workspace took it) ran and answered ``obs``: a step of the trajectory,
         and what the policy sees next."""
         self.trajectory.steps.append(Step(
             index=self.step, call=call, observation=StepObservation.of(obs), reasoning_s=round(decision.reasoning_s, 4),
-            tool_s=round(tool_s, 4), source=source, action_text=act.text, token_ids=decision.token_ids,
+            tool_s=round(tool_s, 4), source=source, saved_s=round(saved_s, 4), action_text=act.text, token_ids=decision.token_ids,
             logprobs=decision.logprobs))
         self.context.observations.append(observation_text(obs))
         self.context.actions.append(act.text if act.text is not None else call.name)

@@ -34,6 +34,9 @@ from .admission import Admission, AdmissionGate
 from .errors import EngineError, EngineNotStarted, SetupTimeout, UnknownTask
 from .meter import MemoryMeter
 from .outcomes import Phase, classify, describe
+from .prefix.cache import PrefixCache
+from .prefix.settings import PrefixSettings
+from .prefix.walk import Walk
 from .records import RolloutRequest, RolloutResult, TaskSpec, Trajectory
 from .sample import SampleRun, SampleSettings
 
@@ -45,8 +48,9 @@ class RolloutEngine:
                  memory_budget: int | None = None, decide_timeout_s: float = 300.0, call_timeout_s: float = 120.0,
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
-                 memory_detail_s: float | None = None):
-        """``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
+                 memory_detail_s: float | None = None, prefix: PrefixSettings | None = None):
+        """``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
+        every call). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
         ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
         ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
         the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process."""
@@ -71,6 +75,8 @@ class RolloutEngine:
         self._roots_lock = asyncio.Lock()
         self._streams: set[asyncio.Future[None]] = set()
         self.gate: AdmissionGate | None = None
+        self.prefix = prefix
+        self.prefix_cache: PrefixCache | None = None
 
     # -- life cycle -------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutEngine:
@@ -83,18 +89,31 @@ class RolloutEngine:
             self.meter.start()
             self.gate = AdmissionGate(Admission(self.concurrency, self.memory_budget, memory=self.meter.now,
                                                 clock=time.monotonic))
+            if self.prefix is not None:
+                self.prefix_cache = PrefixCache(self.prefix, self.suite, self._make_base,
+                                                call_timeout_s=self.settings.call_timeout_s)
+                await self.prefix_cache.open(list(self.tasks.values()))
         except BaseException:
+            await self._close_cache()
             await self.runtime.close()
             raise
         return self
+
+    async def _close_cache(self) -> None:
+        cache, self.prefix_cache = self.prefix_cache, None
+        if cache is not None:
+            await cache.close()
 
     async def __aexit__(self, *exc: object) -> None:
         for producer in self._streams:  # streams whose consumer left without closing them
             producer.cancel()
         await asyncio.gather(*self._streams, return_exceptions=True)
         try:
-            if hasattr(self, "meter"):
-                await self.meter.stop()
+            try:
+                await self._close_cache()
+            finally:
+                if hasattr(self, "meter"):
+                    await self.meter.stop()
         finally:
             await self.runtime.close()
 
@@ -173,6 +192,9 @@ class RolloutEngine:
                                    backend=self.backend)
                         for i in range(request.group_size)]
         async with open_groups:  # bases wait for their turn, not in memory
+            if self.prefix_cache is not None and task is not None:
+                if await self._cached_group(request, task, trajectories, finish):
+                    return
             base, first = await self._setup(request, task, trajectories, finish)
             if base is None:
                 return
@@ -185,32 +207,77 @@ class RolloutEngine:
                      finish: Finish) -> tuple[Workspace | None, Observation | None]:
         """The group's base (a fork of the application's root) with the task set up, and its first observation;
         (None, None) once every trajectory of the group has been finished with the failure."""
-        base: Workspace | None = None
         try:
             if task is None:
                 raise UnknownTask(request.task.task_id, self.suite.name)
-            root = await self._root(task)
             async with self._gate().slot():
                 await await_points.reached("group.setup")
-                try:
-                    async with asyncio.timeout(self.setup_timeout_s) as scope:
-                        base = await root.fork(seed=derive_seed(request.seed, task.id, "base"))
-                        first = await self.suite.start(base, task)
-                except TimeoutError as exc:
-                    if not scope.expired():
-                        raise
-                    raise SetupTimeout(self.setup_timeout_s, "the group's fork and task setup") from exc
+                base, first = await self._make_base(task, derive_seed(request.seed, task.id, "base"))
             return base, first
         except BaseException as exc:
-            if base is not None:
-                await base.close()  # cancelled or failed while its task was being set up
             if not isinstance(exc, Exception):
                 raise
-            status, error = classify(Phase.SETUP, exc), describe(exc)
-            for t in trajectories:
-                t.status, t.error = status, error
-                await finish(t)
+            await self._fail_group(trajectories, exc, finish)
             return None, None
+
+    @staticmethod
+    async def _fail_group(trajectories: list[Trajectory], exc: Exception, finish: Finish) -> None:
+        status, error = classify(Phase.SETUP, exc), describe(exc)
+        for t in trajectories:
+            t.status, t.error = status, error
+            await finish(t)
+
+    async def _make_base(self, task: SuiteTask, seed: int) -> tuple[Workspace, Observation]:
+        """A fork of the task's application root with the task set up, and its first observation, within the
+        setup deadline; nothing is left behind on failure or cancellation."""
+        root = await self._root(task)
+        base: Workspace | None = None
+        try:
+            async with asyncio.timeout(self.setup_timeout_s) as scope:
+                base = await root.fork(seed=seed)
+                first = await self.suite.start(base, task)
+        except TimeoutError as exc:
+            if base is not None:
+                await base.close()
+            if not scope.expired():
+                raise
+            raise SetupTimeout(self.setup_timeout_s, "the group's fork and task setup") from exc
+        except BaseException:
+            if base is not None:
+                await base.close()  # cancelled or failed while its task was being set up
+            raise
+        return base, first
+
+    async def _cached_group(self, request: RolloutRequest, task: SuiteTask, trajectories: list[Trajectory],
+                            finish: Finish) -> bool:
+        """The group on the prefix cache: its samples walk the tree from the task's root (set up only when no
+        entry holds it). False when the namespace can no longer be cached (the group then runs as without it)."""
+        cache = self.prefix_cache
+        assert cache is not None
+        try:
+            async with self._gate().slot():
+                await await_points.reached("group.setup")
+                got = await cache.root(task, derive_seed(request.seed, task.id, "base"))
+        except Exception as exc:
+            await self._fail_group(trajectories, exc, finish)
+            return True
+        if got is None:
+            return False
+        root, first = got
+        with cache.tree.pin(root):
+            async def one(t: Trajectory) -> None:
+                def walk() -> Walk:
+                    return Walk(cache, self.suite, task, root, seed=t.seed, issuer=(t.run_seed, t.group_id, t.sample),
+                                execute=self.execute_call, call_timeout_s=self.settings.call_timeout_s)
+
+                await SampleRun(self.suite, self.policy, self._gate(), self.settings, self.execute_call, task, None,
+                                first, t, walk=walk).run(lambda: None)
+                await finish(t)
+
+            async with asyncio.TaskGroup() as samples:
+                for t in trajectories:
+                    samples.create_task(one(t))
+        return True
 
     async def _samples(self, task: SuiteTask, base: Workspace, first: Observation, trajectories: list[Trajectory],
                        finish: Finish) -> None:
@@ -258,6 +325,11 @@ class RolloutEngine:
     def roots(self) -> list[Workspace]:
         """The root workspaces made so far (one per application): kept open until the engine closes."""
         return list(self._roots.values())
+
+    def prefix_statistics(self) -> dict[str, Any] | None:
+        """The prefix cache's counters since the engine started (None without the cache): hits, misses, hit rate,
+        tool-seconds skipped and replayed, nodes hot/cold/absent, bytes hot/cold, bytes written, writer backlog."""
+        return self.prefix_cache.statistics() if self.prefix_cache is not None else None
 
     async def execute_call(self, ws: Workspace, call: ToolCall, timeout_s: float) -> Observation:
         """The one seam every tool call goes through (the prefix tree and speculation plug in here)."""

@@ -26,6 +26,7 @@ from .admission import AdmissionGate
 from .episode import Episode, Stop
 from .errors import DecideTimeout, RolloutTimeout
 from .outcomes import Phase, classify, describe
+from .prefix.walk import Walk
 from .records import Status, Trajectory
 
 
@@ -41,11 +42,16 @@ class SampleRun:
     """Runs one sample; ``run`` fills ``trajectory`` and returns, whatever happened."""
 
     def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
-                 execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask, base: Workspace,
-                 first: Observation, trajectory: Trajectory):
+                 execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask,
+                 base: Workspace | None, first: Observation, trajectory: Trajectory,
+                 walk: Callable[[], Walk] | None = None):
+        """Either ``base`` (the sample forks it and executes every call) or ``walk`` (the prefix cache: the
+        sample walks the tree from the task's root and gets a workspace only at its first miss)."""
         self.suite, self.policy, self.gate, self.settings = suite, policy, gate, settings
         self.execute_call = execute_call
         self.task, self.base, self.first, self.trajectory = task, base, first, trajectory
+        self.make_walk = walk
+        self.walk: Walk | None = None
         self.phase = Phase.ENGINE
         self.ws: Workspace | None = None
 
@@ -59,6 +65,12 @@ class SampleRun:
                 t.timings["admission_wait_s"] = round(ticket.waited_s, 4)
                 try:
                     async with asyncio.timeout(self.settings.rollout_timeout_s) as scope:
+                        if self.make_walk is not None:
+                            forked()
+                            told = True
+                            self.walk = self.make_walk()
+                            await self._episode(None)
+                            return
                         try:
                             self.phase = Phase.FORK
                             fork_started = time.monotonic()
@@ -83,11 +95,20 @@ class SampleRun:
                 forked()
             if self.ws is not None:
                 await self.ws.close()
+            if self.walk is not None:
+                t.timings["fork_s"] = round(self.walk.fork_s, 4)
+                t.lineage = list(self.walk.lineage)
+                try:
+                    await self.walk.close()
+                except Exception as exc:  # a workspace that would not close is this rollout's failure
+                    if t.status is Status.OK:
+                        t.status, t.error = classify(Phase.ENGINE, exc), describe(exc)
             t.timings["wall_s"] = round(time.monotonic() - started, 4)
             t.timings["reasoning_s"] = round(sum(s.reasoning_s for s in t.steps), 4)
             t.timings["tool_s"] = round(sum(s.tool_s for s in t.steps), 4)
 
-    async def _episode(self, ws: Workspace) -> None:
+    async def _episode(self, ws: Workspace | None) -> None:
+        """The episode in ``ws``, or through ``self.walk`` when ``ws`` is None."""
         t = self.trajectory
         episode = Episode(self.suite, self.task, t, self.first, self.settings.max_steps)
         while True:
@@ -96,6 +117,13 @@ class SampleRun:
             move = episode.next_move(decision)
             if isinstance(move, Stop):
                 break
+            if ws is None:
+                self.phase = Phase.CALL
+                await await_points.reached("sample.call")
+                taken = await self.walk.step(move.call)  # type: ignore[union-attr]
+                episode.record(decision, move, taken.call, taken.observation, taken.tool_s, source=taken.source,
+                               saved_s=taken.saved_s)
+                continue
             self.phase = Phase.RESOLVE
             call = await self.suite.concrete(ws, move.call)
             self.phase = Phase.CALL
@@ -108,7 +136,10 @@ class SampleRun:
         self.phase = Phase.EVALUATE
         evaluate_started = time.monotonic()
         await await_points.reached("sample.evaluate")
-        t.reward = float(await self.suite.evaluate(ws, self.task, move.final))
+        if ws is None:
+            t.reward = await self.walk.evaluate(move.final)  # type: ignore[union-attr]
+        else:
+            t.reward = float(await self.suite.evaluate(ws, self.task, move.final))
         t.timings["evaluate_s"] = round(time.monotonic() - evaluate_started, 4)
         self.phase = Phase.ENGINE
 

@@ -98,6 +98,12 @@ class Suite(abc.ABC):
     def null_action(self) -> ToolCall:
         """Giving up at once with an empty answer (what ``suite check``'s null attempt does)."""
 
+    def nondeterministic(self, call: ToolCall) -> bool:
+        """Whether ``call``'s effect may differ between two executions from one state (the prefix tree then never
+        caches it or anything after it). Default: none is declared; a call whose replay answers differently is
+        caught by the engine anyway."""
+        return False
+
     async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
         """A reference step as the workspace takes it. A reference may name a page element by role and name
         (ids belong to a page state, a task file cannot know them); the suite resolves it against the workspace's

@@ -1,0 +1,306 @@
+"""The prefix cache of one engine: the tree (``tree.py``) and the workspaces behind its entries.
+
+Owns: the namespace of a task (suite, task, a digest of the workspace configuration and of the environment's code),
+each namespace's root (the task's initialised workspace, kept as the root's hot entry, so a later group or epoch of
+the task skips its setup), hot entries (frozen snapshots of a sample's workspace, taken after an admitted call),
+workspaces at a node (fork its snapshot; restore its checkpoint; else replay from the nearest ancestor that has an
+entry, checking every replayed observation), cached rewards (a final call scored on a node's state), eviction
+(closing the snapshots and deleting the checkpoints the tree gives up), cold checkpoints (``cold.py``) and the
+run's statistics. The per-sample walk is ``walk.py``.
+Must never: make a sample wait for a disk write, close a snapshot while someone forks it (forks hold a pin), or
+let a node whose replay answered differently serve again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.records import Observation, ToolCall, canonical
+from bunshin.envs.suites.base import Suite, SuiteTask
+from bunshin.envs.workspace import Workspace
+
+from ..errors import EngineError
+from .eviction import LRU, CostAware
+from .settings import PrefixSettings
+from .tree import Admission, Namespace, Node, PrefixTree, State
+
+Setup = Callable[[SuiteTask, int], Awaitable[tuple[Workspace, Observation]]]
+MIN_HOT_BYTES = 1 << 20
+
+
+class Served(msgspec.Struct, frozen=True, kw_only=True):
+    """What a node's call answered: ``call`` as the workspace took it (element names resolved) and its observation."""
+
+    call: ToolCall
+    observation: Observation
+
+
+class NonDeterministicTool(EngineError):
+    """Replaying a cached call gave another observation than the one recorded: the call's effect is not
+    deterministic. Its node is marked non-cacheable; the rollout that needed the replay fails with this."""
+
+    def __init__(self, call: ToolCall, depth: int):
+        self.call, self.depth = call, depth
+        super().__init__(f"replaying {canonical(call).decode()} (step {depth}) answered differently than when it "
+                         f"was cached: the tool is not deterministic; its prefix-tree node no longer serves")
+
+
+def served(node: Node) -> Served:
+    """A node's ``Served`` (a tree loaded from disk gives it back in its MessagePack form)."""
+    value = node.observation
+    return value if isinstance(value, Served) else msgspec.convert(value, Served)
+
+
+def same_observation(a: Observation, b: Observation) -> bool:
+    """Equal as a trajectory records them: everything but the time the tool took."""
+    return msgspec.structs.replace(a, tool_seconds=0.0) == msgspec.structs.replace(b, tool_seconds=0.0)
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of the environment's code (every source and task file of ``bunshin.envs``): a new version of a
+    tool may answer differently, so it starts new namespaces."""
+    import bunshin.envs
+
+    root = Path(bunshin.envs.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in {".py", ".json"} and p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class PrefixCache:
+    def __init__(self, settings: PrefixSettings, suite: Suite, setup: Setup, *, call_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        """``setup(task, seed)``: a new workspace with ``task`` set up and its first observation (the engine's
+        group setup); the cache calls it for a namespace whose root has no entry."""
+        self.settings, self.suite, self.setup, self.call_timeout_s = settings, suite, setup, call_timeout_s
+        self.tree = PrefixTree(hot_budget=settings.hot_budget, cold_budget=settings.disk_budget, clock=clock,
+                               strategy=LRU() if settings.strategy == "lru" else CostAware(),
+                               admission=Admission(settings.min_issuers))
+        self.tasks: dict[Namespace, SuiteTask] = {}
+        self.rewards: dict[tuple[int, bytes], float] = {}
+        self.counts: Counter[str] = Counter()
+        self.replayed_s = 0.0
+        self._root_locks: dict[Namespace, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self.cold: Any = None  # ``cold.ColdStore`` when the run has a cache directory
+
+    # -- life cycle -----------------------------------------------------------------------------------------------
+    async def open(self, tasks: list[SuiteTask]) -> None:
+        for task in tasks:
+            self.tasks[self.namespace(task)] = task
+        if self.settings.cache_dir is not None:
+            from .cold import ColdStore
+
+            self.cold = await ColdStore.open(self, self.settings.cache_dir)
+
+    async def close(self) -> None:
+        """Close every snapshot; with a cache directory, finish or abandon the writes and save the tree."""
+        self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        try:
+            if self.cold is not None:
+                await self.cold.close()
+        finally:
+            handles = [n.hot.handle for n in self.tree.nodes.values() if n.hot is not None]
+            for node in self.tree.nodes.values():
+                if node.hot is not None:
+                    self.tree.drop_hot(node)
+            await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)  # type: ignore[attr-defined]
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background (closing evicted snapshots, taking snapshots); ``close`` stops them."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- namespaces and roots -------------------------------------------------------------------------------------
+    def namespace(self, task: SuiteTask) -> Namespace:
+        config = Namespace.digest(self.suite.app(task), getattr(self.suite, "knobs", {}), task.path, code_version())
+        return Namespace(suite=self.suite.name, task_id=task.id, config=config)
+
+    async def root(self, task: SuiteTask, seed: int) -> tuple[Node, Observation] | None:
+        """The root of ``task``'s namespace, pinned by the caller right away, and the task's first observation; its
+        state is set up (``setup``) when no entry holds it. None when the setup answered another first observation
+        than the one the tree recorded (the namespace is then dead: the group runs without the cache)."""
+        ns = self.namespace(task)
+        self.tasks.setdefault(ns, task)
+        lock = self._root_locks.setdefault(ns, asyncio.Lock())
+        async with lock:
+            node = self.tree.roots.get(ns)
+            if node is not None and node.dead:
+                return None
+            if node is not None and node.state is not State.ABSENT:
+                self.counts["roots_reused"] += 1
+                return node, node.observation  # type: ignore[return-value]
+            ws, first = await self.setup(task, seed)
+            if node is not None and not same_observation(node.observation, first):  # type: ignore[arg-type]
+                self.tree.mark_non_cacheable(node)
+                await ws.close()
+                return None
+            node = self.tree.root(ns, first)
+            await self._keep_as_hot(node, ws)
+            return node, first
+
+    # -- workspaces at a node -------------------------------------------------------------------------------------
+    async def fork_hot(self, node: Node, seed: int) -> Workspace | None:
+        """A running fork of ``node``'s snapshot, or None if it has none (or the snapshot broke: it is dropped)."""
+        if node.hot is None:
+            return None
+        handle: Workspace = node.hot.handle  # type: ignore[assignment]
+        try:
+            ws = await handle.fork(seed=seed)
+        except Exception:
+            self.counts["broken_snapshots"] += 1
+            if node.hot is not None and node.hot.handle is handle:
+                self.tree.drop_hot(node)
+                self.spawn(handle.close())
+            return None
+        self.tree.touch(node)
+        self.counts["forks"] += 1
+        return ws
+
+    async def workspace_at(self, node: Node, seed: int) -> Workspace:
+        """A running workspace in ``node``'s state: its snapshot forked, its checkpoint restored, or the nearest
+        ancestor's state with the calls below it replayed (``NonDeterministicTool`` when a replayed call answers
+        differently). The caller holds a pin on ``node``."""
+        ws = await self.fork_hot(node, seed)
+        if ws is not None:
+            return ws
+        if node.cold is not None and self.cold is not None:
+            ws = await self.cold.restore(node, seed)
+            if ws is not None:
+                return ws
+        source, _ = self.tree.rebuild_path(node)
+        with self.tree.pin(source):
+            ws = None
+            if source is not node:
+                ws = await self.fork_hot(source, seed)
+                if ws is None and source.cold is not None and self.cold is not None:
+                    ws = await self.cold.restore(source, seed)
+            if ws is None:  # nothing on the path has an entry left: set the task up afresh
+                source = self._root_of(node)
+                ws, first = await self.setup(self.tasks[source.ns], seed)
+                if not same_observation(source.observation, first):  # type: ignore[arg-type]
+                    self.tree.mark_non_cacheable(source)
+                    await ws.close()
+                    raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
+                self.counts["setups_replayed"] += 1
+        try:
+            await self.replay(ws, self._path(source, node))
+        except BaseException:
+            await ws.close()
+            raise
+        return ws
+
+    async def replay(self, ws: Workspace, nodes: list[Node]) -> None:
+        """Execute each node's call in ``ws`` (which is in the state of the first node's parent), checking that it
+        answers as recorded; a node that does not is marked non-cacheable (``NonDeterministicTool``)."""
+        for node in nodes:
+            record = served(node)
+            obs = await ws.execute(record.call, timeout_s=self.call_timeout_s)
+            self.counts["calls_replayed"] += 1
+            self.replayed_s += obs.tool_seconds
+            if not same_observation(obs, record.observation):
+                self.tree.mark_non_cacheable(node)
+                self.counts["non_deterministic"] += 1
+                raise NonDeterministicTool(record.call, node.depth)
+
+    @staticmethod
+    def _root_of(node: Node) -> Node:
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    @staticmethod
+    def _path(source: Node, node: Node) -> list[Node]:
+        """The nodes strictly below ``source`` down to ``node``, in order."""
+        path = []
+        while node is not source:
+            path.append(node)
+            if node.parent is None:
+                raise ValueError(f"{source!r} is not an ancestor of {node!r}")
+            node = node.parent
+        return path[::-1]
+
+    # -- entries --------------------------------------------------------------------------------------------------
+    async def keep(self, node: Node, ws: Workspace) -> None:
+        """Take a frozen snapshot of ``ws`` (in ``node``'s state) as the node's hot entry, if the budget allows and
+        it has none. The sample awaits this before its next call in ``ws``; a failure only leaves the node absent."""
+        if node.hot is not None or node.dead or self._closed or not self.tree.fits_hot(MIN_HOT_BYTES):
+            self.counts["snapshots_skipped"] += 1
+            return
+        try:
+            snap = await ws.snapshot()
+        except Exception:
+            self.counts["snapshots_failed"] += 1
+            return
+        await self._keep_as_hot(node, snap)
+
+    async def _keep_as_hot(self, node: Node, handle: Workspace) -> None:
+        """``handle`` (a snapshot, or a root's set-up workspace) becomes ``node``'s hot entry. Its size is its PSS
+        when taken (the design's memory measure: pages shared with k processes count 1/k)."""
+        try:
+            nbytes = max(MIN_HOT_BYTES, (await asyncio.to_thread(handle.memory)).pss)
+        except Exception:
+            nbytes = MIN_HOT_BYTES
+        if self._closed or node.dead:
+            await handle.close()
+            return
+        old = self.tree.set_hot(node, handle, nbytes)
+        self.counts["snapshots"] += 1
+        if old is not None:
+            self.spawn(old.handle.close())  # type: ignore[attr-defined]
+        if self.cold is not None:
+            self.cold.submit(node)
+        self.evict()
+
+    def evict(self) -> None:
+        """Apply the tree's evictions: close the snapshots, delete the checkpoints (in the background)."""
+        out = self.tree.evict()
+        for _, entry in out.hot:
+            self.spawn(entry.handle.close())  # type: ignore[attr-defined]
+        if out.cold and self.cold is not None:
+            self.cold.delete([entry.checkpoint_id for _, entry in out.cold])
+
+    # -- rewards --------------------------------------------------------------------------------------------------
+    def reward(self, node: Node | None, final: ToolCall) -> float | None:
+        if node is None or node.dead:
+            return None
+        return self.rewards.get((node.id, canonical(final)))
+
+    def keep_reward(self, node: Node | None, final: ToolCall, reward: float) -> None:
+        if node is not None and not node.dead:
+            self.rewards[(node.id, canonical(final))] = reward
+
+    # -- metrics --------------------------------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        stats: dict[str, Any] = dict(vars(self.tree.statistics()))
+        stats.update({f"cache_{k}": v for k, v in sorted(self.counts.items())})
+        stats["tool_s_replayed"] = round(self.replayed_s, 4)
+        stats["tool_s_skipped"] = round(stats["tool_s_skipped"], 4)
+        if self.cold is not None:
+            stats.update(self.cold.statistics())
+        else:
+            stats.update(bytes_written=0, full_bytes=0, writer_backlog=0)
+        return stats
+
+
+async def close_quietly(ws: Workspace | None) -> None:
+    if ws is not None:
+        with contextlib.suppress(Exception):
+            await ws.close()
