@@ -4,7 +4,8 @@ the workspace.
 - ``WorkspaceError`` and its family: a workspace we closed (``WorkspaceClosed``), one that broke under us
   (``WorkspaceBroken``, with ``reason``; ``CallDeadlineExceeded`` when a tool call overran the deadline the runtime
   enforces), one that could not be built (``WorkspaceStartFailed``; ``StartTimeout`` when its host was not ready
-  in time), a fork that made no clone (``ForkFailed``), a request the host refused (``RequestRefused``).
+  in time), a fork that made no clone (``ForkFailed``), a request the host refused (``RequestRefused``), an
+  image of a workspace that could not be made (``ImageFailed``) or restored from (``ImageCorrupt``).
 - ``HostUnsupported``: this machine lacks what a backend needs (``bunshin doctor`` says what).
 - Suites, tools and the text browser define their subclasses next to their code (``SuiteError``, ``ToolError``,
   ``BrowserError``...), all below ``EnvsError``.
@@ -59,6 +60,16 @@ class StartTimeout(WorkspaceStartFailed, TimeoutError):
 
 class ForkFailed(WorkspaceError):
     """A fork did not produce a clone. The source is unchanged and keeps running."""
+
+
+class ImageFailed(WorkspaceError):
+    """A durable image of a workspace (``Workspace.image``) could not be made; nothing of it is left. The workspace
+    keeps running unless it broke (then ``WorkspaceBroken`` is raised instead)."""
+
+
+class ImageCorrupt(WorkspaceStartFailed):
+    """A workspace could not be restored from an image (``WorkspaceRuntime.restore_image``) because the image failed
+    verification: a part's magic, version, length or CRC-32, or its number of worker images."""
 
 
 class RequestRefused(WorkspaceError):

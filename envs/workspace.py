@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -41,6 +41,9 @@ from .runtime.protocol import (
     reply_decoder,
 )
 
+if TYPE_CHECKING:
+    from .runtime.image_files import WorkspaceImage
+
 CLOSE_GRACE_S = 5.0  # how long a host may take to say goodbye before it is killed anyway
 
 
@@ -62,6 +65,9 @@ class WorkspaceServices(Protocol):
 
     async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         """A clone of ``source`` made by the run's fork backend."""
+
+    async def image(self, source: Workspace, name: str) -> WorkspaceImage:
+        """A durable image of ``source``'s current state (``runtime/image_files.py``)."""
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
         """The wait status of the workspace process ``pid``, or None if it did not exit within ``timeout``."""
@@ -233,6 +239,14 @@ class Workspace:
         reply = await self.request(Checkpoint(path=path, layer=f"{os.path.basename(path)}.layer"))
         self.expect(reply, Checkpointed)
         return reply.bytes_written  # type: ignore[union-attr]
+
+    async def image(self, name: str) -> WorkspaceImage:
+        """A durable image of the current state (a Snapshot's too): every process's state image in the run's
+        dumps tmpfs (the host's, then each worker's) and a read-only snapshot of the files, whose ``layer_upper``
+        a checkpoint store diffs. ``name`` labels it (made unique). ``discard()`` it once stored; the run removes
+        those left at its close. Restore one with ``WorkspaceRuntime.restore_image``. Raises ImageFailed (the
+        app or a worker could not image its state), WorkspaceBroken, WorkspaceClosed; nothing is left then."""
+        return await self.services.image(self, name)
 
     # -- state ------------------------------------------------------------------------------------------------
     def memory(self) -> MemoryStats:

@@ -3,8 +3,8 @@
 Owns: naming workspaces, making and removing a workspace's cgroup, layer and mount point, spawning a first host
 through the nursery and handing it its configuration, waiting for a host's Ready (a first host, a clone, a
 restore), registering live workspaces, stopping a host that overran a deadline, and discarding a workspace whose
-host stopped serving. It implements ``WorkspaceServices`` for every ``Workspace`` of the run; fork backends are
-given a ``Hosts`` and nothing else of the run.
+host stopped serving. It implements ``WorkspaceServices`` for every ``Workspace`` of the run (images through the
+run's ``ImageFiles``, ``image_files.py``); fork backends are given a ``Hosts`` and nothing else of the run.
 Must never: leave a half-started host, cgroup, layer or mount point behind when a start fails or is cancelled.
 """
 
@@ -30,6 +30,7 @@ from . import await_points
 from .cgroups import AGENT_GROUP, Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .image import PreparedImage
+from .image_files import ImageFiles, WorkspaceImage
 from .layers import LayerStore
 from .nursery import Nursery
 from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
@@ -71,6 +72,7 @@ class Hosts:
         self.backend = make_backend(self)
         self._counter = 0
         self._discarding: set[asyncio.Future[None]] = set()
+        self.images = ImageFiles(run.layers)  # durable images of workspaces (``Workspace.image``)
 
     # -- naming and remains ---------------------------------------------------------------------------------------
     def new_id(self) -> str:
@@ -187,6 +189,9 @@ class Hosts:
     # -- WorkspaceServices ---------------------------------------------------------------------------------------
     async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
         return await self.backend.fork(source, seed=seed, frozen=frozen)
+
+    async def image(self, source: Workspace, name: str) -> WorkspaceImage:
+        return await self.images.take(source, name)
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
         return await self.run.nursery.wait_exit(pid, timeout=timeout)

@@ -1,7 +1,7 @@
 """A run's workspaces: the state directory, the layer pool, the parent cgroup, the base image, the nursery.
 
 Owns: starting and stopping a run (including the clean-up of runs whose engine died), creating first
-workspaces, and the per-run memory figure. Everything about individual hosts (starting, watching, removing) is
+workspaces and workspaces restored from durable images (``image_files.py``), and the per-run memory figure. Everything about individual hosts (starting, watching, removing) is
 ``Hosts``'s; forks are the backend's (``fork/``).
 Must never: leave a process, mount, cgroup or layer behind when ``close()`` returns, cancelled or not.
 """
@@ -13,13 +13,14 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import HostUnsupported
 from ..records import AppSpec, Limits, MemoryStats
 from ..workspace import Workspace
-from . import await_points
+from . import await_points, image_files
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, remove_stale_runs, unregister
 from .fork.backends import check_backend, make_backend
@@ -127,6 +128,7 @@ class WorkspaceRuntime:
             for ws in list(self.hosts.workspaces.values()):
                 await step(ws.close())
             await step(self.hosts.wait_discards())
+            await step(asyncio.to_thread(self.hosts.images.discard_all))
         if hasattr(self, "nursery"):
             await step(self.nursery.close())
         for fd in getattr(self, "cgroup_fds", []):
@@ -163,6 +165,21 @@ class WorkspaceRuntime:
             await asyncio.to_thread(self.layers.delete, layer)
             raise
         return await hosts.start(ws_id, layer, app or AppSpec(), seed=seed, hostname=hostname)
+
+    async def restore_image(self, app: AppSpec, parts: Sequence[image_files.Buffer] | None,
+                            fill_layer: image_files.FillLayer, *, seed: int | None = None,
+                            frozen: bool = False) -> Workspace:
+        """A new workspace (a Snapshot if ``frozen``) restored from a durable image, whatever the run's fork backend
+        (it forks with the run's backend afterwards).
+
+        ``parts``: the image's files whole (``WorkspaceImage.read_parts()``: the host's, then each worker's).
+        ``fill_layer(upper)`` runs in a thread and fills the new layer's empty overlayfs upper directory; when
+        ``parts`` is None it must return the parts, so one ``lambda t: store.read_node(node, t)`` gives both.
+        The parts are written back to the pool's dumps tmpfs, verified, read by the new host, and removed once it
+        is ready or has failed. Raises ImageCorrupt (a part fails its checks), WorkspaceStartFailed (``fill_layer``
+        raised: it is the ``__cause__``; or the app could not restore); on any failure or cancellation nothing of
+        the workspace is left."""
+        return await image_files.restore(self._hosts(), app, parts, fill_layer, seed=seed, frozen=frozen)
 
     def memory(self) -> MemoryStats:
         """Every workspace of the run together (PSS summed over all their processes)."""
