@@ -91,7 +91,8 @@ class RolloutEngine:
                                                 clock=time.monotonic))
             if self.prefix is not None:
                 self.prefix_cache = PrefixCache(self.prefix, self.suite, self._make_base,
-                                                call_timeout_s=self.settings.call_timeout_s)
+                                                call_timeout_s=self.settings.call_timeout_s,
+                                                restore=self.runtime.restore_image)
                 await self.prefix_cache.open(list(self.tasks.values()))
         except BaseException:
             await self._close_cache()

@@ -81,10 +81,13 @@ def code_version() -> str:
 
 class PrefixCache:
     def __init__(self, settings: PrefixSettings, suite: Suite, setup: Setup, *, call_timeout_s: float,
+                 restore: Callable[..., Awaitable[Workspace]] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         """``setup(task, seed)``: a new workspace with ``task`` set up and its first observation (the engine's
-        group setup); the cache calls it for a namespace whose root has no entry."""
+        group setup); the cache calls it for a namespace whose root has no entry. ``restore``: the runtime's
+        ``restore_image`` (a workspace from a checkpoint's parts and layer), needed with a cache directory."""
         self.settings, self.suite, self.setup, self.call_timeout_s = settings, suite, setup, call_timeout_s
+        self.runtime_restore = restore
         self.tree = PrefixTree(hot_budget=settings.hot_budget, cold_budget=settings.disk_budget, clock=clock,
                                strategy=LRU() if settings.strategy == "lru" else CostAware(),
                                admission=Admission(settings.min_issuers))
@@ -93,6 +96,7 @@ class PrefixCache:
         self.counts: Counter[str] = Counter()
         self.replayed_s = 0.0
         self._root_locks: dict[Namespace, asyncio.Lock] = {}
+        self._rebuilding: dict[int, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.cold: Any = None  # ``cold.ColdStore`` when the run has a cache directory
@@ -181,9 +185,20 @@ class PrefixCache:
         ws = await self.fork_hot(node, seed)
         if ws is not None:
             return ws
+        lock = self._rebuilding.setdefault(node.id, asyncio.Lock())
+        try:
+            async with lock:  # samples missing at one node at once: one restores or replays, the others fork it
+                ws = await self.fork_hot(node, seed)
+                return ws if ws is not None else await self._rebuild(node, seed)
+        finally:
+            if not lock.locked() and self._rebuilding.get(node.id) is lock:
+                del self._rebuilding[node.id]
+
+    async def _rebuild(self, node: Node, seed: int) -> Workspace:
         if node.cold is not None and self.cold is not None:
             ws = await self.cold.restore(node, seed)
             if ws is not None:
+                await self.keep(node, ws)  # hot again: the next sample forks it instead of reading the disk
                 return ws
         source, _ = self.tree.rebuild_path(node)
         with self.tree.pin(source):
@@ -202,6 +217,8 @@ class PrefixCache:
                 self.counts["setups_replayed"] += 1
         try:
             await self.replay(ws, self._path(source, node))
+            if source is not node:
+                await self.keep(node, ws)  # rebuilt once: the next sample missing here forks it
         except BaseException:
             await ws.close()
             raise

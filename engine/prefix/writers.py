@@ -63,13 +63,23 @@ class WriterStats(msgspec.Struct, frozen=True, kw_only=True):
     full_bytes: int
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a job's ``parts`` callable may return instead of the parts alone: the parts and the node's layer tree,
+    when the layer only exists once the state is imaged (``layer`` then overrides the job's)."""
+
+    parts: Sequence[Buffer]
+    layer: Path | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class WriteJob:
-    """``parts``: the state's parts, or an async callable returning them when a writer starts the job (so a queued
-    job holds no dump). ``layer``/``parent_layer``: the node's and its parent's layer trees (overlayfs ``upper``)."""
+    """``parts``: the state's parts, or an async callable returning them (or a ``Prepared``) when a writer starts
+    the job (so a queued job holds no dump). ``layer``/``parent_layer``: the node's and its parent's layer trees
+    (overlayfs ``upper``)."""
 
     node_id: str
-    parts: Sequence[Buffer] | Callable[[], Awaitable[Sequence[Buffer]]]
+    parts: Sequence[Buffer] | Callable[[], Awaitable[Sequence[Buffer] | Prepared]]
     layer: Path | None = None
     parent: str | None = None
     parent_layer: Path | None = None
@@ -130,12 +140,15 @@ class CheckpointWriters:
         parent_layer = job.parent_layer
         if parent is not None and not store.has(parent):
             parent = parent_layer = None  # the parent was dropped or never written: this node stands alone
+        layer = job.layer
         try:
             parts = await job.parts() if callable(job.parts) else job.parts
         except Exception as exc:  # the snapshot could not give its state: the node stays as it is
             return WriteFailed(node_id=job.node_id, kind="source", reason=f"{type(exc).__name__}: {exc}")
+        if isinstance(parts, Prepared):
+            parts, layer = parts.parts, parts.layer
         try:
-            plan = await _whole(asyncio.to_thread(store.plan_node, job.node_id, parts, job.layer, parent=parent,
+            plan = await _whole(asyncio.to_thread(store.plan_node, job.node_id, parts, layer, parent=parent,
                                                   parent_layer=parent_layer), undo=store.abort)
         except (StoreError, OSError) as exc:  # a bad node id, an unreadable layer
             return WriteFailed(node_id=job.node_id, kind="io", reason=str(exc))
