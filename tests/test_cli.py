@@ -101,8 +101,8 @@ def test_eval_then_replay_from_the_command_line(tmp_path: Path) -> None:
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 4
     report_path = tmp_path / "replay.json"
-    proc = bunshin("replay", str(out / "trajectories.jsonl"), "--catalog-size", "2000", "--json",
-                   str(report_path), env=env)
+    proc = bunshin("replay", str(out / "trajectories.jsonl"), "--catalog-size", "2000", "--set", "time_scale=0",
+                   "--json", str(report_path), env=env)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["trajectories"] == report["identical_observations"] == report["identical_rewards"] == 4

@@ -246,7 +246,7 @@ def test_the_registry_makes_the_desktop_suite_with_its_knobs() -> None:
 
     suite = get_suite("desktop", cache_mb=8, recording_frames=0)
     assert isinstance(suite, DesktopSuite) and len(suite.tasks()) >= 60
-    assert suite.app().kwargs == {"cache_mb": 8, "recording_frames": 0}
+    assert suite.app().kwargs == {"cache_mb": 8, "recording_frames": 0, "time_scale": 0.0}  # conftest: no latency
     with pytest.raises(ValueError):
         DesktopSuite(cache_mb=-1)
     with pytest.raises(TypeError):

@@ -2,9 +2,10 @@
 
 Owns: the procedure and its summary. For each repeat, backend and rollout count N, one engine runs N concurrent
 rollouts of the suite's calibrated default workload (``--group-size`` samples per task, the first N / group-size
-tasks, the scripted policy with ``--time-scale`` so that rollouts overlap). Its meter samples the run's cgroup
-charge every 0.25 s (every workspace of the run, shared pages counted once; each host's interpreter start-up
-included, for both backends) and, every second in a thread, the detailed reading: PSS summed over the run's
+tasks, the scripted policy with ``--time-scale`` so that rollouts overlap; the same scale goes to the suite's
+``time_scale`` knob, its modelled tool latency, unless ``--set time_scale=X`` gives another). Its meter samples the
+run's cgroup charge every 0.25 s (every workspace of the run, shared pages counted once; each host's interpreter
+start-up included, for both backends) and, every second in a thread, the detailed reading: PSS summed over the run's
 processes plus tmpfs, their private memory and page tables, and the engine's and nursery's own PSS (outside the
 run). Per run: ``peak_bytes``, ``mean_bytes`` (GiB*s / wall), ``wall_s``, ``total_gib_s`` and the detail peaks.
 Repeats run backend after backend within a repeat; the summary gives each figure's median and range over the

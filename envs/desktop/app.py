@@ -38,6 +38,10 @@ Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
 - ``scrollback_lines=10000``: terminal scrollback kept; ``undo_depth=1000``: editor undo steps kept per buffer
   (each a full copy of the buffer's lines).
 - ``screenshots=True``: every agent tool's observation carries a PNG screenshot (``png_level=1``: zlib level).
+- ``time_scale=1.0``: the tool latency OSWorld's desktop has (``envs/latency.py``, profile ``DESKTOP``): after an
+  editor, spreadsheet or search action the host waits the modelled action time plus OSWorld's pause, before the
+  screenshot; a ``terminal`` command keeps its real time and ``WAIT`` its own seconds (no added wait); internal tools
+  never wait. Times this scale; 0: no added latency. The chain it is drawn from is in the state image.
 - ``recording_frames=16``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
   raw (1920x1080 RGB, 6 MiB each), one per agent step: the main private growth of a sample's first steps.
 
@@ -56,6 +60,7 @@ from typing import Any
 
 from .. import state_image
 from ..app import AppContext, Tool, ToolError, WorkspaceApp
+from ..latency import ToolLatency
 from ..records import Observation, ToolCall
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 from ..suites.base import ActionError
@@ -71,6 +76,9 @@ from .terminal import Terminal
 __all__ = ["PRIVATE_DIR", "DesktopApp"]
 
 
+LATENCY_KIND = {"terminal": "command", "WAIT": "wait"}  # the rest are "action"s: OSWorld's pause after each
+
+
 def _q(text: str, limit: int = 200) -> str:
     return text[:limit].replace("\\", "\\\\").replace('"', '\\"')
 
@@ -79,7 +87,7 @@ class DesktopApp(WorkspaceApp):
     def __init__(self, cache_mb: float = 48, index_roots: tuple[str, ...] | list[str] = ("/usr",),
                  window_w: int = 1100, window_h: int = 700, scrollback_lines: int = 10_000,
                  undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True,
-                 recording_frames: int = 16):
+                 recording_frames: int = 16, time_scale: float = 1.0):
         if cache_mb < 0:
             raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         if not (200 <= window_w <= 1800 and 150 <= window_h <= 1000):
@@ -91,6 +99,7 @@ class DesktopApp(WorkspaceApp):
         if recording_frames < 0:
             raise ValueError(f"recording_frames must be >= 0, got {recording_frames}")
         self.recording_frames = recording_frames
+        self.latency = ToolLatency("desktop", time_scale)
         self.cache: SessionCache | None = None
         self._init_state()
 
@@ -137,16 +146,16 @@ class DesktopApp(WorkspaceApp):
 
     def checkpoint(self) -> list[bytes | memoryview]:
         """The session's image (``state_image``): windows, documents, the warmed-up session cache (its heap out
-        of band), the compositor's textures and the screen recording."""
+        of band), the compositor's textures, the screen recording and the latency chain."""
         return state_image.dump((self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
-                                 self.versions, self.cache, self.compositor, self.recording))
+                                 self.versions, self.cache, self.compositor, self.recording, self.latency))
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
         """Instead of ``setup``: the session read back from its image into private memory (the cache is not
         rebuilt, the textures not re-rendered)."""
         self.ctx = ctx
         (self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order, self.versions, self.cache,
-         self.compositor, self.recording) = state_image.load(data)
+         self.compositor, self.recording, self.latency) = state_image.load(data)
         font()  # the UI font, loaded as the process's libraries are
 
     def close(self) -> None:
@@ -168,7 +177,8 @@ class DesktopApp(WorkspaceApp):
         tools: dict[str, Tool] = {name: self._screen_after(name, fn) for name, fn in agent.items()}
         tools.update({"_exec": self._exec, "_read_file": self._read_file, "_list_directory": self._list_directory,
                       "_terminal_output": self._terminal_output, "_put_file": self._put_file,
-                      "_screen": self._screen})
+                      "_screen": self._screen,
+                      "_latency": lambda a: Observation(data=self.latency.state())})
         return tools
 
     # -- windows and observations -------------------------------------------------------------------------------
@@ -255,13 +265,18 @@ class DesktopApp(WorkspaceApp):
 
     def _screen_after(self, name: str, fn: Callable[[Any], Observation]) -> Tool:
         """The agent tool ``name``: its arguments decoded through the schema (a mismatch is a ``ToolError`` naming
-        the tool and the argument), then ``fn``, then the screen."""
+        the tool and the argument), then ``fn``, then the modelled latency (``LATENCY_KIND``), then the screen."""
+        kind = LATENCY_KIND.get(name, "action")
+
         def tool(args: dict[str, Any]) -> Observation:
+            draw = self.latency.begin(name, args)
             try:
                 decoded = agent_tools.SCHEMA.decode(ToolCall(name=name, args=args))
             except ActionError as exc:
                 raise ToolError(str(exc)) from exc
-            return self.observe(fn(decoded))
+            done = fn(decoded)
+            self.latency.wait(draw, kind)
+            return self.observe(done)
         return tool
 
     def _screen(self, args: dict[str, Any]) -> Observation:

@@ -20,7 +20,8 @@ Knobs (constructor keywords): ``tasks_dir`` (default: the committed tasks, ``<te
 ``evaluation_examples/examples``: files the desktop cannot run are set aside in ``refused()`` instead of raising;
 ``envs/suites/task_dir.py``) and every ``DesktopApp`` knob
 (``cache_mb=48``, ``index_roots``, ``window_w``, ``window_h``, ``scrollback_lines``, ``undo_depth``,
-``screenshots``, ``png_level``, ``recording_frames=16``), passed to each workspace's app.
+``screenshots``, ``png_level``, ``recording_frames=16``, ``time_scale=1.0``: the modelled pause after each
+action, ``envs/latency.py``, times this; 0: none), passed to each workspace's app.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from ..latency import check_time_scale
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import osworld as ow
 from ..suites.base import ActionError, Refusal, Suite, SuiteTask
@@ -83,11 +85,12 @@ def _decode_json_action(text: str) -> tuple[str, dict[str, Any]]:
 class DesktopSuite(Suite):
     name = "desktop"
 
-    def __init__(self, tasks_dir: str | Path | None = None, lenient: bool = False, **app_kwargs: Any):
+    def __init__(self, tasks_dir: str | Path | None = None, lenient: bool = False, time_scale: float = 1.0,
+                 **app_kwargs: Any):
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else TASKS_DIR
         self.lenient = lenient
-        self.app_kwargs = dict(app_kwargs)
-        self.knobs = dict(app_kwargs)
+        self.app_kwargs = {**app_kwargs, "time_scale": check_time_scale(time_scale)}
+        self.knobs = dict(self.app_kwargs)
         if "index_roots" in self.app_kwargs:
             self.app_kwargs["index_roots"] = list(self.app_kwargs["index_roots"])
         from .app import DesktopApp

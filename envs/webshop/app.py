@@ -3,11 +3,14 @@ text browser (``bunshin.envs.webshop.browser``) in the host, and every action of
 
 Owns: the tools an agent has (one per WebArena verb of ``tools.SCHEMA`` but ``stop``, their arguments decoded
 through the schema; each answers with the page's accessibility tree and a screenshot), the hidden tools the suite
-uses to set a task up and to evaluate it (``_start``, ``_element``,
-``_page_text``, ``_shop_json``, ``_url``), and re-homing the browser after a fork (its cookie jar and pages are
-plain memory and fork with the host; its connections are made per request, so nothing needs re-opening). For the
-private-restore backend, ``checkpoint``/``restore`` image the whole browser (the server images itself: its
-catalog, index and images are read back, not rebuilt).
+uses to set a task up and to evaluate it (``_start``, ``_element``, ``_page_text``, ``_shop_json``, ``_url``;
+``_latency`` shows the latency state), the page-ready wait (``envs/latency.py``, profile ``WEBSHOP``: after an agent
+action, before its observation, the host waits as long as the real shop's page would take: ``page`` when the action
+loaded a page from the server, ``in_page`` otherwise; times ``time_scale``; internal tools never wait), and
+re-homing the browser after a fork (its cookie jar and pages are plain memory and fork with the host; its
+connections are made per request, so nothing needs re-opening). For the private-restore backend,
+``checkpoint``/``restore`` image the whole browser and the latency chain (the server images itself: its catalog,
+index and images are read back, not rebuilt).
 Must never: let a malformed action or an unreachable page end the workspace: those are ``ToolError``s.
 """
 
@@ -20,6 +23,7 @@ from typing import Any
 
 from .. import state_image
 from ..app import AppContext, Tool, ToolError, WorkspaceApp, dont_fork_into_workers
+from ..latency import ToolLatency
 from ..records import Observation, ToolCall
 from ..runtime.workers import WorkerHandle
 from ..suites.base import ActionError
@@ -32,9 +36,10 @@ _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 class ShopApp(WorkspaceApp):
     def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 40,
                  screenshots: bool = True, keep_rasters: bool = True, load_images: bool = True,
-                 device_scale: float = 2.0):
+                 device_scale: float = 2.0, time_scale: float = 1.0):
         if catalog_size < 1:
             raise ValueError(f"catalog_size must be >= 1, got {catalog_size}")
+        self.latency = ToolLatency("webshop", time_scale)
         self.server_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "port": port,
                               "image_px": image_px}
         self.browser_kwargs = {"screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
@@ -49,8 +54,9 @@ class ShopApp(WorkspaceApp):
     # -- the private-restore baseline ------------------------------------------------------------------------------
     def checkpoint(self) -> list[bytes | memoryview]:
         """The host process's image (``state_image``): the whole browser (its pages, rasters and decoded images
-        written out of band, straight from their arrays) and the server's port. The server images itself."""
-        return state_image.dump({"port": self.port, "browser": self.browser})
+        written out of band, straight from their arrays), the latency chain and the server's port. The server
+        images itself."""
+        return state_image.dump({"port": self.port, "browser": self.browser, "latency": self.latency})
 
     def restore(self, ctx: AppContext, data: bytes) -> None:
         """A shop going on exactly where the dumped one was, in private memory: the server is spawned again with
@@ -60,27 +66,37 @@ class ShopApp(WorkspaceApp):
         self.server = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)  # binds its port
         self.port = int(self.server.call("port"))
         state = state_image.load(data)  # after the spawn: the server process need not inherit the browser
-        if not isinstance(state.get("browser"), Browser) or state.get("port") != self.port:
+        if not isinstance(state.get("browser"), Browser) or not isinstance(state.get("latency"), ToolLatency) \
+                or state.get("port") != self.port:
             raise ValueError(f"not this web shop's image: a {type(state.get('browser')).__name__} on port "
                              f"{state.get('port')}, the restored server is on {self.port}")
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.browser = state["browser"]
+        self.browser, self.latency = state["browser"], state["latency"]
 
     def tools(self) -> dict[str, Tool]:
         tools: dict[str, Tool] = {verb: self._action(verb) for verb in SCHEMA.names if verb != FINAL}
-        tools.update({"observe": lambda a: self.browser.observe(), "_start": self._start, "_element": self._element,
+        tools.update({"observe": self._observe, "_start": self._start, "_element": self._element,
                       "_page_text": self._page_text, "_shop_json": self._shop_json,
-                      "_url": lambda a: Observation(output=self.browser.current_url())})
+                      "_url": lambda a: Observation(output=self.browser.current_url()),
+                      "_latency": lambda a: Observation(data=self.latency.state())})
         return tools
 
     def _action(self, verb: str) -> Tool:
         def act(args: dict[str, Any]) -> Observation:
+            draw = self.latency.begin(verb, args)
+            requests = self.browser.requests
             try:
                 self.browser.act(ToolCall(name=verb, args=args))  # it checks the call by the schema: ActionError
             except (ActionError, BrowserError) as exc:
                 raise ToolError(str(exc)) from exc
+            self.latency.wait(draw, "page" if self.browser.requests > requests else "in_page")
             return self.browser.observe()
         return act
+
+    def _observe(self, args: dict[str, Any]) -> Observation:
+        draw = self.latency.begin("observe", args)
+        self.latency.wait(draw, "in_page")
+        return self.browser.observe()
 
     def _start(self, args: dict[str, Any]) -> Observation:
         """A task's start: the current tab goes to ``url`` (WebArena opens the task's start_url)."""

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..latency import check_time_scale
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import webarena
 from ..suites.base import ActionError, Refusal, Suite, SuiteTask, checked
@@ -34,7 +35,8 @@ class WebShopSuite(Suite):
     """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
     products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
     ``device_scale`` 2 (the browser decodes images at displayed size x 2, RGBA, kept per visited page);
-    ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``. Task files:
+    ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``; ``time_scale``
+    1.0 (the modelled page-ready time of the agent's actions, ``envs/latency.py``, times this; 0: none). Task files:
     ``tasks_dir`` (``<id>.json``; default: the committed or generated tasks of the catalog), ``lenient`` (load every
     ``*.json`` under ``tasks_dir``, recursively, as a user's directory such as WebArena's ``config_files``: a file
     without ``bunshin_reference`` loads with an empty reference, files the shop cannot run are set aside in
@@ -46,10 +48,10 @@ class WebShopSuite(Suite):
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
                  keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
                  tasks_dir: str | Path | None = None, lenient: bool = False,
-                 judge: webarena.Judge = webarena.token_overlap_judge):
+                 judge: webarena.Judge = webarena.token_overlap_judge, time_scale: float = 1.0):
         self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
                            "screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
-                           "device_scale": device_scale}
+                           "device_scale": device_scale, "time_scale": check_time_scale(time_scale)}
         self.knobs = dict(self.app_kwargs)
         self.catalog = (catalog_size, catalog_seed)
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None
