@@ -1,5 +1,5 @@
 """The ``bunshin`` command line: ``doctor``, ``demo``, ``eval``, ``replay``, ``suite check``, ``bench fork``,
-``bench sharing``.
+``bench sharing``, ``bench epoch``.
 
 Owns: parsing arguments and dispatching; every command's work lives in its own module.
 """
@@ -63,6 +63,30 @@ def _suite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="another keyword argument of the suite (e.g. image_px=48, cache_mb=120)")
 
 
+def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
+    """The suite's ``time_scale`` knob (its tools' modelled latency, ``envs/latency.py``) follows ``time_scale``
+    unless the user set the knob (``--set time_scale=X``)."""
+    if not any(name == "time_scale" for name, _ in args.set):
+        args.set = [*args.set, ("time_scale", time_scale)]
+
+
+def prefix_settings(args: argparse.Namespace) -> object:
+    """``bunshin eval``'s prefix-cache flags as ``PrefixSettings`` (None without ``--prefix-cache``)."""
+    from .prefix.settings import PrefixSettings
+
+    given = [flag for flag, value in (("--cache-dir", args.cache_dir), ("--hot-budget", args.hot_budget),
+                                      ("--disk-budget", args.disk_budget)) if value is not None]
+    if not args.prefix_cache:
+        if given:
+            raise SystemExit(f"bunshin eval: {', '.join(given)} need --prefix-cache")
+        return None
+    try:
+        return PrefixSettings(cache_dir=args.cache_dir, hot_budget=args.hot_budget, disk_budget=args.disk_budget,
+                              strategy=args.cache_strategy)
+    except ValueError as exc:
+        raise SystemExit(f"bunshin eval: {exc}") from exc
+
+
 def make_suite(args: argparse.Namespace) -> object:
     from bunshin.envs.suites.registry import get_suite
 
@@ -73,7 +97,7 @@ def make_suite(args: argparse.Namespace) -> object:
         knobs["catalog_size"] = args.catalog_size
     try:
         return get_suite(args.suite, **knobs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise SystemExit(f"bad knob for suite {args.suite}: {exc}") from exc
 
 
@@ -105,10 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--memory-budget", type=nbytes_of, default=None, help="admit rollouts within this memory")
     ev.add_argument("--backend", choices=BACKENDS, default="cow")
     ev.add_argument("--time-scale", type=float, default=0.05,
-                    help="scripted policy: multiply its modelled reasoning time (1 = seconds per step)")
+                    help="multiply the policy's modelled reasoning time and the suite's modelled tool latency "
+                         "(1 = real seconds; the suite's knob time_scale, unless --set time_scale=X)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--max-steps", type=int, default=40)
     ev.add_argument("--out", type=Path, required=True, help="directory for trajectories.jsonl and summary.json")
+    ev.add_argument("--prefix-cache", action="store_true",
+                    help="serve tool calls from a prefix tree of workspace snapshots (docs/prefix.md)")
+    ev.add_argument("--cache-dir", type=Path, metavar="DIR",
+                    help="with --prefix-cache: keep the tree and its checkpoints here across runs")
+    ev.add_argument("--hot-budget", type=nbytes_of, metavar="BYTES",
+                    help="with --prefix-cache: memory for snapshots (default unbounded)")
+    ev.add_argument("--disk-budget", type=nbytes_of, metavar="BYTES",
+                    help="with --prefix-cache: disk for checkpoints (default unbounded)")
+    ev.add_argument("--cache-strategy", choices=["lru", "cost"], default="lru",
+                    help="with --prefix-cache: what to evict first (least recently used, or cost-aware)")
 
     rp = sub.add_parser("replay", help="re-execute recorded trajectories in fresh workspaces and compare")
     rp.add_argument("trajectories", type=Path)
@@ -139,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--rollouts", type=lambda t: [int(x) for x in t.split(",") if x], default=[8, 16, 32, 64])
     mem.add_argument("--backends", type=_backends, default=["cow", "restore"])
     mem.add_argument("--group-size", type=int, default=8)
-    mem.add_argument("--time-scale", type=float, default=0.3, help="scripted policy reasoning time scale")
+    mem.add_argument("--time-scale", type=float, default=0.3,
+                     help="scripted policy reasoning and suite tool latency time scale (unless --set time_scale=X)")
     mem.add_argument("--seed", type=int, default=0)
     mem.add_argument("--repeat", type=int, default=1, help="run everything K times: medians and ranges")
     mem.add_argument("--json", type=Path, help="write results as JSON here")
@@ -157,6 +193,28 @@ def build_parser() -> argparse.ArgumentParser:
     sharing.add_argument("--seed", type=int, default=0, help="the run seed the sample seeds derive from")
     sharing.add_argument("--json", type=Path, help="write results as JSON here")
     sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
+
+    ep = bench_sub.add_parser("epoch", help="wall time, tool-seconds and memory of epochs of GRPO groups, per mode")
+    _suite_arguments(ep)
+    ep.add_argument("--epochs", type=int, default=3)
+    ep.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m], default=["base", "prefix"],
+                    help="base (no prefix cache), prefix; the first is the ratios' reference (default base,prefix)")
+    ep.add_argument("--policy", choices=["grounded", "scripted"], default="grounded")
+    ep.add_argument("--tasks", type=int, default=10, help="groups per epoch: one task each, across templates")
+    ep.add_argument("--group-size", type=int, default=8, help="samples per task (a GRPO group)")
+    ep.add_argument("--concurrency", type=int, default=16, help="rollouts at once")
+    ep.add_argument("--time-scale", type=float, default=0.2,
+                    help="the policy's reasoning time and the suite's tool latency (1 = as modelled)")
+    ep.add_argument("--seed", type=int, default=0, help="epoch e runs with run seed SEED + e, in every mode")
+    ep.add_argument("--backend", choices=BACKENDS, default="cow")
+    ep.add_argument("--max-steps", type=int, default=40)
+    ep.add_argument("--cache-dir", help="prefix mode: the cache's directory (default: a fresh temporary one, "
+                                        "removed afterwards; none: in memory only, no cold checkpoints)")
+    ep.add_argument("--hot-budget", type=nbytes_of, help="prefix mode: bytes of snapshots in memory (unbounded)")
+    ep.add_argument("--disk-budget", type=nbytes_of, help="prefix mode: bytes of checkpoints on disk (unbounded)")
+    ep.add_argument("--strategy", choices=["lru", "cost"], default="lru", help="prefix mode: eviction strategy")
+    ep.add_argument("--json", type=Path, help="write every mode's epochs as JSON here")
+    ep.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
     return parser
 
 
@@ -186,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory
 
+        with_time_scale(args, args.time_scale)
         return event_loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
                                           args.time_scale, args.seed, args.json, args.plot, args.repeat))
     if args.command == "bench" and args.bench == "sharing":
@@ -195,9 +254,14 @@ def main(argv: list[str] | None = None) -> int:
             policy = bench_sharing.make_bench_policy(args.policy, args.detour_p)
         except (ValueError, ImportError) as exc:
             raise SystemExit(f"bunshin bench sharing: --policy: {exc}") from exc
+        with_time_scale(args, 0.0)  # pages are measured per step: waiting would change nothing but the wall time
         return event_loop.run(bench_sharing.main(
             make_suite(args), policy, args.steps, samples=args.samples, template=args.template,
             per_template=args.tasks_per_template, seed=args.seed, json_path=args.json, plot_path=args.plot))
+    if args.command == "bench" and args.bench == "epoch":
+        from .bench import epoch as bench_epoch
+
+        return bench_epoch.command(args, make_suite)
     if args.command == "eval":
         from bunshin.policies.registry import make_policy
 
@@ -213,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
             if any(name in ("tasks_dir", "lenient") for name, _ in args.set):
                 raise SystemExit("bunshin eval: --task-dir sets the suite's tasks_dir and lenient knobs itself")
             args.set = [*args.set, ("tasks_dir", str(args.task_dir)), ("lenient", True)]
+        with_time_scale(args, args.time_scale)
         summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
-                                    max_steps=args.max_steps))
+                                    max_steps=args.max_steps, prefix=prefix_settings(args)))
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":

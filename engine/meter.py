@@ -5,7 +5,8 @@ Owns: ``MemoryMeter``. The reading and the clock are injected (the engine reads 
 workspace, shared pages counted once), so the arithmetic is tested without a runtime. The detail reading
 (``WorkspaceRuntime.memory_detail``: PSS summed over every process of the run plus tmpfs, page tables, engine,
 nursery) reads every process's smaps, so it runs in a thread at its own, slower interval; its samples are kept as
-a timeline with each field's peak.
+a timeline with each field's peak. ``window(t0, t1)`` gives the peak and the integral of a part of the run (an
+epoch of a benchmark), its ends interpolated on the timeline; ``elapsed()`` is the meter's clock for its bounds.
 Must never: block the event loop for long (the main reading is one small file read) or outlive ``stop()``.
 """
 
@@ -57,6 +58,28 @@ class MemoryMeter:
             for name, value in fields.items():
                 peaks[name] = max(peaks.get(name, 0), value)
         return peaks
+
+    def elapsed(self) -> float:
+        """Seconds since the meter started, on its clock (the timeline's time axis)."""
+        return self.clock() - self._started
+
+    def window(self, t0: float, t1: float) -> tuple[int, float]:
+        """(peak bytes, GiB*s) between ``t0`` and ``t1`` (seconds since start): the samples inside and the
+        timeline interpolated at both ends (held flat beyond its first and last sample); (0, 0.0) when empty."""
+        if not self.timeline or t1 < t0:
+            return 0, 0.0
+
+        def at(t: float) -> float:
+            if t <= self.timeline[0][0]:
+                return float(self.timeline[0][1])
+            for (ta, va), (tb, vb) in zip(self.timeline, self.timeline[1:]):
+                if ta <= t <= tb:
+                    return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else float(vb)
+            return float(self.timeline[-1][1])
+
+        points = [(t0, at(t0)), *((t, float(v)) for t, v in self.timeline if t0 < t < t1), (t1, at(t1))]
+        gib_s = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:])) / GiB
+        return round(max(v for _, v in points)), gib_s
 
     @property
     def wall_s(self) -> float:

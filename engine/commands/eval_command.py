@@ -20,6 +20,7 @@ from bunshin.envs.suites.base import Refusal, Suite, SuiteTask
 from bunshin.policies.base import Policy
 
 from ..bench.report import human_bytes, markdown_table, write_json
+from ..prefix.settings import PrefixSettings
 from ..records import Status, Trajectory
 from ..rollout import RolloutEngine
 
@@ -63,6 +64,20 @@ def summarize(trajectories: list[Trajectory], wall_s: float, peak: int, gib_s: f
             "backend": backend, "tasks": len({t.task_id for t in trajectories}), "statuses": statuses}
 
 
+def prefix_summary(trajectories: list[Trajectory], cache: dict[str, Any]) -> dict[str, Any]:
+    """The prefix cache's part of the summary: steps by how they ran (from the trajectories), hit rate, tool-seconds
+    skipped (what the cached steps' calls took when executed) and replayed, nodes hot and cold, bytes."""
+    steps = [s for t in trajectories for s in t.steps]
+    by = {source: sum(s.source == source for s in steps) for source in ("executed", "cached", "rebuilt")}
+    return {**{f"steps_{k}": v for k, v in by.items()},
+            "hit_rate": round(by["cached"] / len(steps), 4) if steps else 0.0,
+            "tool_s_skipped": round(sum(s.saved_s for s in steps), 3),
+            "tool_s_executed": round(sum(s.tool_s for s in steps), 3),
+            **{k: cache.get(k, 0) for k in ("tool_s_replayed", "nodes", "nodes_hot", "nodes_cold", "nodes_absent",
+                                            "bytes_hot", "bytes_cold", "bytes_written", "full_bytes",
+                                            "writer_backlog", "evicted_hot", "evicted_cold", "disk_bytes")}}
+
+
 def runnable(tasks: dict[str, SuiteTask], ids: list[str] | None, policy: Policy,
              refused: list[Refusal]) -> tuple[list[str], list[Refusal]]:
     """The ids to run (``ids``, or every task, in order) without those ``policy`` refuses, and every task file not
@@ -87,12 +102,12 @@ def print_refused(refused: list[Refusal]) -> None:
 async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path | None = None,
                    limit: int | None = None, group_size: int = 4, concurrency: int = 8,
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
-                   max_steps: int = 40) -> dict[str, Any]:
+                   max_steps: int = 40, prefix: PrefixSettings | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
     async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, memory_budget=memory_budget,
-                             max_steps=max_steps) as engine:
+                             max_steps=max_steps, prefix=prefix) as engine:
         ids = None
         if tasks_file is not None:
             ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
@@ -110,7 +125,10 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                 f.flush()
                 progress.update(result.trajectory, engine.meter.now())
         wall = time.monotonic() - started
+        cache = engine.prefix_statistics()
     summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
+    if cache is not None:
+        summary["prefix"] = prefix_summary(trajectories, cache)
     summary["refused"] = msgspec.to_builtins(refused)
     write_json(out / "summary.json", summary)
     print(markdown_table([{**summary, "peak": human_bytes(summary["peak_memory_bytes"]),
@@ -119,6 +137,14 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                           ("failed", "failed"), ("success", "success rate"), ("mean_reward", "mean reward"),
                           ("wall_s", "wall s"), ("peak", "peak memory"), ("total_memory_gib_s", "GiB*s"),
                           ("backend", "backend")]))
+    if cache is not None:
+        p = summary["prefix"]
+        print(markdown_table([{**p, "hit": f"{p['hit_rate']:.0%}", "hot": human_bytes(p["bytes_hot"]),
+                               "written": f"{human_bytes(p['bytes_written'])} of {human_bytes(p['full_bytes'])}"}],
+                             [("steps_cached", "cached steps"), ("steps_executed", "executed"),
+                              ("steps_rebuilt", "rebuilt"), ("hit", "hit rate"), ("tool_s_skipped", "tool s skipped"),
+                              ("nodes_hot", "nodes hot"), ("nodes_cold", "nodes cold"), ("hot", "snapshots"),
+                              ("written", "checkpoints written (of full)")]))
     if summary["failed"]:
         print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
                                                        if k != Status.OK))

@@ -97,6 +97,7 @@ class PrefixCache:
         self.replayed_s = 0.0
         self._root_locks: dict[Namespace, asyncio.Lock] = {}
         self._rebuilding: dict[int, asyncio.Lock] = {}
+        self._first_answers: dict[tuple[int, bytes], bytes] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.cold: Any = None  # ``cold.ColdStore`` when the run has a cache directory
@@ -293,6 +294,22 @@ class PrefixCache:
             self.spawn(entry.handle.close())  # type: ignore[attr-defined]
         if out.cold and self.cold is not None:
             self.cold.delete([entry.checkpoint_id for _, entry in out.cold])
+
+    def answers_alike(self, parent: Node, call: ToolCall, observation: Observation) -> bool:
+        """Whether ``call`` from ``parent`` answered as it did the first time it was executed there (by any sample
+        before admission): two executions from one state that differ mark the call non-deterministic before it is
+        ever cached. Remembered until the call is admitted or found to vary."""
+        key = (parent.id, canonical(call))
+        digest = hashlib.sha256(msgspec.msgpack.encode(msgspec.structs.replace(observation, tool_seconds=0.0)))
+        first = self._first_answers.setdefault(key, digest.digest())
+        if first != digest.digest():
+            del self._first_answers[key]
+            self.counts["non_deterministic"] += 1
+            return False
+        return True
+
+    def forget_answer(self, parent: Node, call: ToolCall) -> None:
+        self._first_answers.pop((parent.id, canonical(call)), None)
 
     # -- rewards --------------------------------------------------------------------------------------------------
     def reward(self, node: Node | None, final: ToolCall) -> float | None:

@@ -87,8 +87,10 @@ class Walk:
             self._find_node(record)
             return
         existed = self.tree.child(parent, call) is not None
+        varies = self.suite.nondeterministic(record.call) or (
+            not existed and not self.cache.answers_alike(parent, call, record.observation))
         node = self.tree.add(parent, call, record, record.observation.tool_seconds, issuer=self.issuer,
-                             non_cacheable=self.suite.nondeterministic(record.call))
+                             non_cacheable=varies)
         if node is not None and existed and not same_observation(served(node).observation, record.observation):
             self.tree.mark_non_cacheable(node)  # two executions of one call from one state answered differently
             self.cache.counts["non_deterministic"] += 1
@@ -98,6 +100,7 @@ class Walk:
             return
         self._stand_on(node)
         if not existed:
+            self.cache.forget_answer(parent, call)
             self.snapshotting = asyncio.ensure_future(self.cache.keep(node, ws))
 
     def _find_node(self, record: Served | None = None) -> None:

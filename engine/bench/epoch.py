@@ -1,0 +1,298 @@
+"""``bunshin bench epoch``: wall time, tool-seconds and memory of epochs of GRPO groups, per mode (``base``: no
+prefix cache; ``prefix``: the prefix cache), one engine per mode living across its epochs.
+
+Owns: the procedure, its per-epoch records, the ratios and the hash of behaviour (``trajectories_sha256``); the
+tables and the plot are ``epoch_report.py``'s. Every mode runs the same tasks (the first of each template in the
+suite's order, then the second..., less those the policy refuses, ``tasks`` in all) with the same policy; epoch
+``e`` (1-based) runs every task as a group of ``group_size`` samples with run seed ``seed + e`` (a training
+policy changes between epochs), the same seeds in every mode. Per mode one ``RolloutEngine`` serves all its
+epochs, so what the prefix cache kept in epoch 1 serves epoch 2. Epoch 1 includes building each application's
+root (the shop's catalog) in every mode.
+Per mode and epoch (``record``): ``wall_s`` from the first request to the last result; ``tool_s_executed`` the
+sum of ``Step.tool_s`` (tools run in this epoch's workspaces, rebuilt steps included; cached steps are 0);
+``tool_s_skipped`` the sum of ``Step.saved_s`` (what cached steps did not run); ``hit_rate`` cached steps / all
+steps, from the trajectories alone; ``peak_bytes`` and ``total_gib_s`` the engine meter's run memory (the run's
+cgroup charge: every workspace, the roots and the cache's frozen snapshots among them; not the engine process,
+nor checkpoints on disk) over the epoch's window; ``rewards_sha256`` the hash of behaviour, ``actions_sha256`` the same without observations; ``running`` each
+rollout's (start, end) from the epoch's start (end: when its result arrived; start: end less its ``wall_s`` less
+its ``admission_wait_s``, i.e. from when it held a rollout slot; group setups not); ``prefix`` the engine's
+prefix statistics over the epoch (counts as differences, gauges at the epoch's end), None in ``base``.
+Must never: compare modes that ran different tasks or seeds, or hash timings, seeds, ids, lineage or a step's
+source (equal behaviour gives equal hashes in every mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bunshin.envs.suites.base import Suite
+from bunshin.policies.base import Policy
+
+from ..commands.eval_command import Progress
+from ..records import Status, Trajectory, canonical
+from ..rollout import RolloutEngine
+from .epoch_report import plot, tables
+from .report import human_bytes, write_json
+
+MODES = ("base", "prefix")
+# The engine's prefix statistics that are states, not cumulative counts (those are taken as differences per epoch).
+GAUGES = ("nodes", "nodes_hot", "nodes_cold", "nodes_absent", "bytes_hot", "bytes_cold", "pinned", "writer_backlog")
+BROKEN = (Status.ENGINE_ERROR, Status.SETUP_FAILED, Status.WORKSPACE_FAILED)  # the run's fault, not the agent's
+
+
+class BadRequest(ValueError):
+    """What the command asked for cannot be run (an unknown mode, an engine without a prefix cache)."""
+
+
+def behaviour(t: Trajectory, observations: bool = True) -> dict[str, Any]:
+    """What a trajectory did and got, without timings, seeds, ids, lineage or where a step's result came from;
+    ``observations=False``: only what it did and its outcome (calls, final, status, reward)."""
+    did = {"task_id": t.task_id, "sample": t.sample, "calls": [canonical(s.call).decode() for s in t.steps],
+           "final": canonical(t.final).decode() if t.final is not None else None,
+           "status": str(t.status), "reward": t.reward}
+    if observations:
+        did["first_observation"] = msgspec.to_builtins(t.first_observation)
+        did["observations"] = [msgspec.to_builtins(s.observation) for s in t.steps]
+    return did
+
+
+def trajectories_sha256(trajectories: Iterable[Trajectory], observations: bool = True) -> str:
+    """sha256 of every trajectory's ``behaviour``, ordered by (group_id, sample), JSON with sorted keys."""
+    digest = hashlib.sha256()
+    for t in sorted(trajectories, key=lambda t: (t.group_id, t.sample)):
+        digest.update(msgspec.json.encode(behaviour(t, observations), order="sorted") + b"\n")
+    return digest.hexdigest()
+
+
+def per_rollout(trajectories: Iterable[Trajectory]) -> dict[str, tuple[str, str]]:
+    """(hash with observations, hash without) of each rollout, by group id and sample (equal across modes)."""
+    return {f"{t.group_id}/{t.sample}": (trajectories_sha256([t]), trajectories_sha256([t], observations=False))
+            for t in trajectories}
+
+
+def suite_takes_time_scale(name: str) -> bool:
+    """Whether suite ``name``'s constructor takes ``time_scale`` (tool latency): a named parameter, or one its
+    ``**kwargs`` accept (tried on a throwaway instance). Suites gain the knob over time; older ones run without."""
+    from bunshin.envs.suites.registry import SUITES, get_suite
+
+    module, _, cls = SUITES[name].partition(":")
+    params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+    if "time_scale" in params:
+        return True
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return False
+    try:
+        get_suite(name, time_scale=0.0)
+    except TypeError:
+        return False
+    return True
+
+
+def choose_tasks(engine: RolloutEngine, policy: Policy, n: int) -> list[str]:
+    """``n`` task ids the policy takes: the first of each template (suite order), then the second, ..."""
+    by_template: dict[str, list[str]] = {}
+    for task in engine.tasks.values():
+        if policy.refuses(task) is None:
+            by_template.setdefault(task.template, []).append(task.id)
+    chosen: list[str] = []
+    for rank in range(max((len(v) for v in by_template.values()), default=0)):
+        chosen += [ids[rank] for ids in by_template.values() if rank < len(ids)]
+    return chosen[:n]
+
+
+async def prefix_statistics(engine: RolloutEngine) -> dict[str, Any] | None:
+    stats = getattr(engine, "prefix_statistics", None)
+    if stats is None:
+        return None
+    value = stats()
+    return dict(await value if inspect.isawaitable(value) else value) if value is not None else None
+
+
+def prefix_window(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The epoch's prefix statistics: gauges as at the epoch's end, other numbers (counts, bytes written, seconds)
+    as differences, the hit rate of the epoch's lookups."""
+    if after is None:
+        return None
+    before = before or {}
+    window = {k: (round(v - before.get(k, 0), 4) if k not in GAUGES and isinstance(v, int | float)
+                  and not isinstance(v, bool) else v) for k, v in after.items()}
+    looked = window.get("hits", 0) + window.get("misses", 0)
+    window["hit_rate"] = round(window.get("hits", 0) / looked, 4) if looked else 0.0
+    return window
+
+
+def record(mode: str, epoch: int, seed: int, trajectories: list[Trajectory], wall_s: float, peak: int,
+           gib_s: float, running: list[tuple[float, float]], prefix: dict[str, Any] | None) -> dict[str, Any]:
+    steps = [s for t in trajectories for s in t.steps]
+    n = len(trajectories)
+    statuses: dict[str, int] = {}
+    for t in trajectories:
+        statuses[str(t.status)] = statuses.get(str(t.status), 0) + 1
+    return {"mode": mode, "epoch": epoch, "seed": seed, "rollouts": n, "wall_s": round(wall_s, 3),
+            "tool_s_executed": round(sum(s.tool_s for s in steps), 3),
+            "tool_s_skipped": round(sum(s.saved_s for s in steps), 3),
+            "hit_rate": round(sum(s.source == "cached" for s in steps) / len(steps), 4) if steps else 0.0,
+            "steps": len(steps), "cached_steps": sum(s.source == "cached" for s in steps),
+            "rebuilt_steps": sum(s.source == "rebuilt" for s in steps),
+            "peak_bytes": peak, "total_gib_s": round(gib_s, 3),
+            "mean_bytes": round(gib_s * (1 << 30) / wall_s) if wall_s > 0 else peak,
+            "rewards_sha256": trajectories_sha256(trajectories),
+            "actions_sha256": trajectories_sha256(trajectories, observations=False),
+            "mean_reward": round(sum(t.reward for t in trajectories) / n, 4) if n else 0.0,
+            "success_rate": round(sum(t.reward == 1.0 for t in trajectories) / n, 4) if n else 0.0,
+            "statuses": statuses, "prefix": prefix,
+            "running": sorted((round(a, 3), round(b, 3)) for a, b in running),
+            "per_rollout": per_rollout(trajectories)}  # for ``ratios``; not written to the JSON
+
+
+async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, tasks: int, group_size: int,
+                   seed: int, engine_kwargs: dict[str, Any], prefix: Any = None, log: Any = sys.stderr
+                   ) -> list[dict[str, Any]]:
+    """Every epoch of one mode on one engine."""
+    kwargs = dict(engine_kwargs)
+    if prefix is not None:
+        kwargs["prefix"] = prefix
+    out = []
+    async with RolloutEngine(suite, policy, **kwargs) as engine:
+        ids = choose_tasks(engine, policy, tasks)
+        if not ids:
+            raise BadRequest(f"the policy {policy.name} takes no task of suite {suite.name}")
+        for epoch in range(1, epochs + 1):
+            requests = engine.requests(ids, group_size=group_size, seed=seed + epoch)
+            print(f"{mode}: epoch {epoch}/{epochs}, {len(ids)} groups of {group_size}, run seed {seed + epoch}",
+                  file=log, flush=True)
+            progress = Progress(len(ids) * group_size, out=log)
+            stats_before = await prefix_statistics(engine)
+            engine.meter.sample()
+            m0, started = engine.meter.elapsed(), time.monotonic()
+            trajectories, running = [], []
+            async for result in engine.stream(requests):
+                end = time.monotonic() - started
+                t = result.trajectory
+                trajectories.append(t)
+                held = t.timings.get("wall_s", 0.0) - t.timings.get("admission_wait_s", 0.0)
+                running.append((max(0.0, end - held), end))
+                progress.update(t, engine.meter.now())
+            wall = time.monotonic() - started
+            engine.meter.sample()
+            peak, gib_s = engine.meter.window(m0, engine.meter.elapsed())
+            r = record(mode, epoch, seed + epoch, trajectories, wall, peak, gib_s, running,
+                       prefix_window(stats_before, await prefix_statistics(engine)))
+            print(f"{mode}: epoch {epoch}: {r['wall_s']:.1f} s, tool-s {r['tool_s_executed']:.1f} executed "
+                  f"{r['tool_s_skipped']:.1f} skipped, hit rate {r['hit_rate']:.2f}, peak "
+                  f"{human_bytes(r['peak_bytes'])}, {r['total_gib_s']:.1f} GiB*s, success {r['success_rate']:.0%}",
+                  file=log, flush=True)
+            out.append(r)
+    return out
+
+
+def ratios(records: list[dict[str, Any]], reference: str = "base") -> list[dict[str, Any]]:
+    """Every other mode / ``reference`` per epoch: wall, peak, GiB*s; beside them its hit rate, skipped
+    tool-seconds and whether it behaved as the reference did: equal hashes with observations
+    (``same_behaviour``) and without (``same_actions``: calls, finals, statuses, rewards), and how many rollouts
+    differ in each (an observation that shows the clock, as a test runner's "Ran 6 tests in 2.4s" does, differs
+    between any two runs; a cached one repeats the run that was cached)."""
+    ref = {r["epoch"]: r for r in records if r["mode"] == reference}
+    div = lambda a, b: round(a / b, 4) if b else None  # noqa: E731
+
+    def differing(r: dict[str, Any], base: dict[str, Any], which: int) -> int:
+        mine, theirs = r.get("per_rollout", {}), base.get("per_rollout", {})
+        return sum(mine.get(k, ("", ""))[which] != theirs[k][which] for k in theirs) + len(set(mine) - set(theirs))
+
+    return [{"mode": r["mode"], "epoch": r["epoch"], "wall_ratio": div(r["wall_s"], base["wall_s"]),
+             "peak_ratio": div(r["peak_bytes"], base["peak_bytes"]),
+             "gib_s_ratio": div(r["total_gib_s"], base["total_gib_s"]), "hit_rate": r["hit_rate"],
+             "tool_s_skipped": r["tool_s_skipped"], "same_behaviour": r["rewards_sha256"] == base["rewards_sha256"],
+             "same_actions": r.get("actions_sha256") == base.get("actions_sha256"),
+             "rollouts_differing": differing(r, base, 0), "rollouts_acting_differently": differing(r, base, 1)}
+            for r in records if r["mode"] != reference and (base := ref.get(r["epoch"]))]
+
+
+def prefix_settings(mode: str, settings: Any) -> Any:
+    """``settings`` for the ``prefix`` mode (None for ``base``); refuses an engine without a prefix cache."""
+    if mode not in MODES:
+        raise BadRequest(f"unknown mode {mode!r}: use {' or '.join(MODES)}")
+    if mode == "base":
+        return None
+    if "prefix" not in inspect.signature(RolloutEngine).parameters:
+        raise BadRequest("this engine has no prefix cache yet (RolloutEngine takes no prefix=)")
+    return settings
+
+
+async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, tasks: int, group_size: int,
+               seed: int = 0, settings: Any = None, engine_kwargs: dict[str, Any] | None = None,
+               json_path: Path | None = None, plots: Path | None = None, config: dict[str, Any] | None = None,
+               log: Any = sys.stderr) -> int:
+    """Every mode's epochs, the tables on stdout, JSON and the plot; 1 if a mode acted or scored differently from
+    the first mode or a rollout failed by the run's fault (engine, setup, workspace); observations alone that
+    differ are reported, not failed (an observation may show the clock)."""
+    if epochs < 1 or tasks < 1 or group_size < 1 or not modes:
+        raise BadRequest(f"need epochs, tasks, group size >= 1 and a mode, got {epochs}, {tasks}, {group_size}")
+    prefixes = {mode: prefix_settings(mode, settings) for mode in modes}
+    records = []
+    for mode in modes:
+        records += await run_mode(suite, policy, mode, epochs, tasks=tasks, group_size=group_size, seed=seed,
+                                  engine_kwargs=engine_kwargs or {}, prefix=prefixes[mode], log=log)
+    rs = ratios(records, reference=modes[0])
+    print(tables(records, rs, reference=modes[0]))
+    if json_path:
+        written = [{k: v for k, v in r.items() if k != "per_rollout"} for r in records]
+        write_json(json_path, {"suite": suite.name, "knobs": getattr(suite, "knobs", {}), "policy": policy.name,
+                               "modes": modes, "epochs": epochs, "tasks": tasks, "group_size": group_size,
+                               "seed": seed, "config": config or {}, "ratios": rs, "records": written})
+    if plots:
+        plots.mkdir(parents=True, exist_ok=True)
+        path = plots / f"epoch-{suite.name}.png"
+        title = f"{suite.name}, {policy.name} policy, {tasks} groups of {group_size}"
+        await asyncio.to_thread(plot, records, path, title)  # rendering takes a while: off the loop
+        print(f"wrote {path}", file=log)
+    for r in rs:
+        if not r["same_actions"]:
+            print(f"{r['mode']} epoch {r['epoch']}: {r['rollouts_acting_differently']} rollouts acted or scored "
+                  f"differently from {modes[0]}'s", file=log)
+        elif not r["same_behaviour"]:
+            print(f"{r['mode']} epoch {r['epoch']}: same actions and rewards as {modes[0]}'s, but "
+                  f"{r['rollouts_differing']} rollouts saw different observations", file=log)
+    broken = sum(n for r in records for s, n in r["statuses"].items() if s in BROKEN)
+    return 1 if broken or not all(r["same_actions"] for r in rs) else 0
+
+
+def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
+    """``bunshin bench epoch`` from its parsed arguments: the suite (with ``time_scale`` when it takes the knob and
+    ``--set`` does not name it), the policy at ``--time-scale``, the prefix settings (a fresh temporary cache
+    directory unless ``--cache-dir``: a directory, or ``none`` for a cache in memory only), then ``main``."""
+    from bunshin.policies.registry import make_policy
+
+    from .. import event_loop
+    from ..prefix.settings import PrefixSettings
+
+    suite_scaled = "time_scale" not in dict(args.set) and suite_takes_time_scale(args.suite)
+    if suite_scaled:
+        args.set = [*args.set, ("time_scale", args.time_scale)]
+    suite, policy = make_suite(args), make_policy(args.policy, args.time_scale)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+              if k not in ("command", "bench", "set")}
+    config["suite_time_scale"] = dict(args.set).get("time_scale")
+    with tempfile.TemporaryDirectory(prefix="bunshin-epoch-cache-", dir="/var/tmp") as scratch:
+        cache_dir = None if args.cache_dir == "none" else Path(args.cache_dir or scratch)
+        settings = PrefixSettings(cache_dir=cache_dir, hot_budget=args.hot_budget,
+                                  disk_budget=args.disk_budget, strategy=args.strategy)
+        engine_kwargs = {"backend": args.backend, "concurrency": args.concurrency, "max_steps": args.max_steps}
+        try:
+            return event_loop.run(main(suite, policy, args.modes, args.epochs, tasks=args.tasks,
+                                       group_size=args.group_size, seed=args.seed, settings=settings,
+                                       engine_kwargs=engine_kwargs, json_path=args.json, plots=args.plots,
+                                       config=config))
+        except BadRequest as exc:
+            raise SystemExit(f"bunshin bench epoch: {exc}") from exc
