@@ -45,10 +45,13 @@ class Delay:
 
 NONE = Delay()
 
-# The web shop: the page-ready time of an action that loaded a page from the shop's server (a click on a link or a
-# submit, goto, Enter in a search box); an action that stayed on the page (typing, hover, scroll, tab switches,
-# back/forward served from the browser's cache) costs a browser round trip. docs/suites.md gives the sources.
-WEBSHOP: dict[str, Delay] = {"page": Delay(median_s=1.5, sigma=0.5), "in_page": Delay(median_s=0.15, sigma=0.5)}
+# The web shop: WebArena's harness sleeps a fixed 2 s after every action before it observes (``run.py`` forces
+# ``sleep_after_execution = 2.0``), on top of the page's own time: the load of a page from the shop's server (a
+# click on a link or a submit, goto, Enter in a search box), or a browser round trip for an action that stayed on the
+# page (typing, hover, scroll, tab switches, back/forward served from the browser's cache). docs/suites.md gives the
+# sources.
+WEBSHOP: dict[str, Delay] = {"page": Delay(fixed_s=2.0, median_s=1.0, sigma=0.5),
+                             "in_page": Delay(fixed_s=2.0, median_s=0.15, sigma=0.5)}
 
 # The desktop: OSWorld's runners sleep a fixed pause after every action before the screenshot, and the action itself
 # is a round trip to the VM's controller; a terminal command is real and keeps its real time, and WAIT already
