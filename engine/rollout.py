@@ -192,17 +192,30 @@ class RolloutEngine:
                                    run_seed=request.seed, instruction=task.instruction if task else "",
                                    backend=self.backend)
                         for i in range(request.group_size)]
-        async with open_groups:  # bases wait for their turn, not in memory
+        # A group holds an open-group place while it holds a base (bases wait for their turn, not in memory): until
+        # every sample has forked it (then the base is closed), or, with the prefix cache, until its root is there.
+        await open_groups.acquire()
+        held = True
+
+        def let_go() -> None:
+            nonlocal held
+            if held:
+                held = False
+                open_groups.release()
+
+        try:
             if self.prefix_cache is not None and task is not None:
-                if await self._cached_group(request, task, trajectories, finish):
+                if await self._cached_group(request, task, trajectories, finish, let_go):
                     return
             base, first = await self._setup(request, task, trajectories, finish)
             if base is None:
                 return
             try:
-                await self._samples(task, base, first, trajectories, finish)  # type: ignore[arg-type]
+                await self._samples(task, base, first, trajectories, finish, let_go)  # type: ignore[arg-type]
             finally:
                 await base.close()
+        finally:
+            let_go()
 
     async def _setup(self, request: RolloutRequest, task: SuiteTask | None, trajectories: list[Trajectory],
                      finish: Finish) -> tuple[Workspace | None, Observation | None]:
@@ -250,7 +263,7 @@ class RolloutEngine:
         return base, first
 
     async def _cached_group(self, request: RolloutRequest, task: SuiteTask, trajectories: list[Trajectory],
-                            finish: Finish) -> bool:
+                            finish: Finish, set_up: Callable[[], None]) -> bool:
         """The group on the prefix cache: its samples walk the tree from the task's root (set up only when no
         entry holds it). False when the namespace can no longer be cached (the group then runs as without it)."""
         cache = self.prefix_cache
@@ -266,6 +279,7 @@ class RolloutEngine:
             return False
         root, first = got
         with cache.tree.pin(root):
+            set_up()  # the root is the cache's: the group holds no base
             async def one(t: Trajectory) -> None:
                 def walk() -> Walk:
                     return Walk(cache, self.suite, task, root, seed=t.seed, issuer=(t.run_seed, t.group_id, t.sample),
@@ -281,8 +295,9 @@ class RolloutEngine:
         return True
 
     async def _samples(self, task: SuiteTask, base: Workspace, first: Observation, trajectories: list[Trajectory],
-                       finish: Finish) -> None:
-        """Every sample of the group, in a TaskGroup; the base is closed as soon as every sample has forked."""
+                       finish: Finish, closed: Callable[[], None]) -> None:
+        """Every sample of the group, in a TaskGroup; the base is closed as soon as every sample has forked (then
+        ``closed()``)."""
         gate = self._gate()
         waiting = len(trajectories)
         all_forked = asyncio.Event()
@@ -301,6 +316,7 @@ class RolloutEngine:
         async def close_base_when_forked() -> None:
             await all_forked.wait()
             await base.close()  # every sample has its own workspace now
+            closed()
 
         async with asyncio.TaskGroup() as samples:
             samples.create_task(close_base_when_forked())

@@ -270,3 +270,19 @@ async def test_a_replay_that_answers_differently_marks_the_node_and_fails_only_t
         runtime = engine.runtime
     await assert_no_leaks(runtime)
     assert os.path.exists(state_dir)
+
+
+async def test_a_changed_configuration_or_code_starts_a_new_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bunshin.engine.prefix import cache as cache_module
+
+    def namespace(suite: WebShopSuite) -> object:
+        pc = cache_module.PrefixCache(PrefixSettings(), suite, setup=None, call_timeout_s=1.0)  # type: ignore[arg-type]
+        return pc.namespace(task)
+
+    task = shop().tasks()[0]
+    same = namespace(shop())
+    assert namespace(shop()) == same
+    assert namespace(WebShopSuite(screenshots=False, keep_rasters=False, load_images=False, time_scale=0.5)) != same
+    assert namespace(WebShopSuite(screenshots=True, keep_rasters=False, load_images=False, time_scale=0.0)) != same
+    monkeypatch.setattr(cache_module, "code_version", lambda: "another version of the environment")
+    assert namespace(shop()) != same

@@ -36,6 +36,7 @@ from .tree import Admission, Namespace, Node, PrefixTree, State
 
 Setup = Callable[[SuiteTask, int], Awaitable[tuple[Workspace, Observation]]]
 MIN_HOT_BYTES = 1 << 20
+MEASURE_EVERY_S = 2.0
 
 
 class Served(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +111,19 @@ class PrefixCache:
             from .cold import ColdStore
 
             self.cold = await ColdStore.open(self, self.settings.cache_dir)
+        self.spawn(self._measure_hot())
+
+    async def _measure_hot(self) -> None:
+        """Every ``MEASURE_EVERY_S``: each snapshot's private memory (the pages no other process maps: what dropping
+        it frees), which grows as the workspaces forked from it diverge; then the hot budget applied."""
+        while True:
+            await asyncio.sleep(MEASURE_EVERY_S)
+            nodes = [n for n in self.tree.nodes.values() if n.hot is not None]
+            sizes = await asyncio.to_thread(_pss_of, [(n, n.hot.handle) for n in nodes])  # type: ignore[union-attr]
+            for node, handle, nbytes in sizes:
+                if node.hot is not None and node.hot.handle is handle:
+                    self.tree.resize_hot(node, max(MIN_HOT_BYTES, nbytes))
+            self.evict()
 
     async def close(self) -> None:
         """Close every snapshot; with a cache directory, finish or abandon the writes and save the tree."""
@@ -256,10 +270,15 @@ class PrefixCache:
         return path[::-1]
 
     # -- entries --------------------------------------------------------------------------------------------------
-    async def keep(self, node: Node, ws: Workspace) -> None:
+    async def keep(self, node: Node, ws: Workspace, *, proven: bool = True) -> None:
         """Take a frozen snapshot of ``ws`` (in ``node``'s state) as the node's hot entry, if the budget allows and
-        it has none. The sample awaits this before its next call in ``ws``; a failure only leaves the node absent."""
-        if node.hot is not None or node.dead or self._closed or not self.tree.fits_hot(MIN_HOT_BYTES):
+        it has none. ``proven``: a sample needed a workspace here (a branch point), which may evict others; a node
+        just admitted is kept only where the budget has room, so new nodes do not churn proven ones out. The sample
+        awaits this before its next call in ``ws``; a failure only leaves the node absent."""
+        budget, hot = self.tree.hot_budget, [n.hot.nbytes for n in self.tree.nodes.values() if n.hot is not None]
+        room = budget is None or self.tree.bytes_hot + max(MIN_HOT_BYTES, sum(hot) // max(1, len(hot))) <= budget
+        if (node.hot is not None or node.dead or self._closed or not self.tree.fits_hot(MIN_HOT_BYTES)
+                or not (proven or room)):
             self.counts["snapshots_skipped"] += 1
             return
         try:
@@ -270,10 +289,10 @@ class PrefixCache:
         await self._keep_as_hot(node, snap)
 
     async def _keep_as_hot(self, node: Node, handle: Workspace) -> None:
-        """``handle`` (a snapshot, or a root's set-up workspace) becomes ``node``'s hot entry. Its size is its PSS
-        when taken (the design's memory measure: pages shared with k processes count 1/k)."""
+        """``handle`` (a snapshot, or a root's set-up workspace) becomes ``node``'s hot entry, sized by its private
+        memory (re-measured as it grows: ``_measure_hot``)."""
         try:
-            nbytes = max(MIN_HOT_BYTES, (await asyncio.to_thread(handle.memory)).pss)
+            nbytes = max(MIN_HOT_BYTES, (await asyncio.to_thread(handle.memory)).private)
         except Exception:
             nbytes = MIN_HOT_BYTES
         if self._closed or node.dead:
@@ -283,9 +302,21 @@ class PrefixCache:
         self.counts["snapshots"] += 1
         if old is not None:
             self.spawn(old.handle.close())  # type: ignore[attr-defined]
-        if self.cold is not None:
-            self.cold.submit(node)
+        if self.cold is not None and node.parent is None:
+            self.cold.submit(node)  # a root: every rebuild starts from it
         self.evict()
+
+    def hit(self, node: Node) -> None:
+        """A sample was served by ``node``: a node that serves is worth a checkpoint (written once, in the
+        background, if it has a snapshot: nodes nobody came back to cost no disk and no imaging)."""
+        if self.cold is not None and node.hot is not None and node.cold is None:
+            self.cold.submit(node)
+
+    def changed(self) -> None:
+        """The tree gained a node: with a cache directory, the tree file is saved soon (a killed engine's successor
+        finds the observations even of nodes without a checkpoint)."""
+        if self.cold is not None:
+            self.cold.save_soon()
 
     def evict(self) -> None:
         """Apply the tree's evictions: close the snapshots, delete the checkpoints (in the background)."""
@@ -332,6 +363,15 @@ class PrefixCache:
         else:
             stats.update(bytes_written=0, full_bytes=0, writer_backlog=0)
         return stats
+
+
+def _pss_of(entries: list[tuple[Node, object]]) -> list[tuple[Node, object, int]]:
+    """Each snapshot's private memory now (blocking: a thread); a snapshot that went meanwhile is left out."""
+    out = []
+    for node, handle in entries:
+        with contextlib.suppress(Exception):
+            out.append((node, handle, handle.memory().private))  # type: ignore[attr-defined]
+    return out
 
 
 async def close_quietly(ws: Workspace | None) -> None:

@@ -356,6 +356,14 @@ class PrefixTree:
         self.bytes_cold += node.cold.nbytes
         return old
 
+    def resize_hot(self, node: Node, nbytes: int) -> None:
+        """``node``'s snapshot now holds ``nbytes`` (its share of memory changes as the workspaces around it
+        diverge); the engine measures, ``evict()`` then applies the budget."""
+        entry = self._own(node).hot
+        if entry is not None:
+            node.hot = HotEntry(entry.handle, _size(nbytes))
+            self.bytes_hot += node.hot.nbytes - entry.nbytes
+
     def drop_hot(self, node: Node) -> HotEntry | None:
         """Remove ``node``'s hot entry now, pinned or not (a broken snapshot); returns it for the engine to close."""
         entry, self._own(node).hot = node.hot, None

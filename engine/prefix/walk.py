@@ -65,6 +65,7 @@ class Walk:
         if self.node is not None:
             child = self.tree.walk(self.node, call)
             if child is not None:
+                self.cache.hit(child)
                 self._stand_on(child)
                 self.path.append(call)
                 record = served(child)
@@ -101,7 +102,8 @@ class Walk:
         self._stand_on(node)
         if not existed:
             self.cache.forget_answer(parent, call)
-            self.snapshotting = asyncio.ensure_future(self.cache.keep(node, ws))
+            self.cache.changed()
+            self.snapshotting = asyncio.ensure_future(self.cache.keep(node, ws, proven=False))
 
     def _find_node(self, record: Served | None = None) -> None:
         """Stand on the node for ``path`` if another sample made one (checking our answer against it)."""
