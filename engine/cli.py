@@ -27,6 +27,15 @@ def nbytes_of(value: str | int) -> int:
     return int(text)
 
 
+DEFAULT = "default"  # a budget flag not given: PrefixSettings' own default
+
+
+def budget_of(value: str) -> int | str | None:
+    """A budget in bytes (``256M``...), ``none`` for unbounded (``default``: the flag was left out)."""
+    text = value.strip().lower()
+    return None if text in ("none", "unbounded") else DEFAULT if text == DEFAULT else nbytes_of(value)
+
+
 def _sizes(text: str) -> list[int]:
     try:
         return [nbytes_of(s) for s in text.split(",") if s]
@@ -70,19 +79,23 @@ def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
         args.set = [*args.set, ("time_scale", time_scale)]
 
 
+def budgets(args: argparse.Namespace) -> dict[str, int | None]:
+    """The prefix-cache budgets given on the command line (a flag left out keeps ``PrefixSettings``' default)."""
+    return {name: getattr(args, name) for name in ("hot_budget", "disk_budget") if getattr(args, name) != DEFAULT}
+
+
 def prefix_settings(args: argparse.Namespace) -> object:
     """``bunshin eval``'s prefix-cache flags as ``PrefixSettings`` (None without ``--prefix-cache``)."""
     from .prefix.settings import PrefixSettings
 
     given = [flag for flag, value in (("--cache-dir", args.cache_dir), ("--hot-budget", args.hot_budget),
-                                      ("--disk-budget", args.disk_budget)) if value is not None]
+                                      ("--disk-budget", args.disk_budget)) if value not in (None, DEFAULT)]
     if not args.prefix_cache:
         if given:
             raise SystemExit(f"bunshin eval: {', '.join(given)} need --prefix-cache")
         return None
     try:
-        return PrefixSettings(cache_dir=args.cache_dir, hot_budget=args.hot_budget, disk_budget=args.disk_budget,
-                              strategy=args.cache_strategy)
+        return PrefixSettings(cache_dir=args.cache_dir, strategy=args.cache_strategy, **budgets(args))
     except ValueError as exc:
         raise SystemExit(f"bunshin eval: {exc}") from exc
 
@@ -138,10 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve tool calls from a prefix tree of workspace snapshots (docs/prefix.md)")
     ev.add_argument("--cache-dir", type=Path, metavar="DIR",
                     help="with --prefix-cache: keep the tree and its checkpoints here across runs")
-    ev.add_argument("--hot-budget", type=nbytes_of, metavar="BYTES",
-                    help="with --prefix-cache: memory for snapshots (default unbounded)")
-    ev.add_argument("--disk-budget", type=nbytes_of, metavar="BYTES",
-                    help="with --prefix-cache: disk for checkpoints (default unbounded)")
+    ev.add_argument("--hot-budget", type=budget_of, default=DEFAULT, metavar="BYTES",
+                    help="with --prefix-cache: memory for snapshots (default 256M; none: unbounded)")
+    ev.add_argument("--disk-budget", type=budget_of, default=DEFAULT, metavar="BYTES",
+                    help="with --prefix-cache: disk for checkpoints (default 8G; none: unbounded)")
     ev.add_argument("--cache-strategy", choices=["lru", "cost"], default="lru",
                     help="with --prefix-cache: what to evict first (least recently used, or cost-aware)")
 
@@ -208,10 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--seed", type=int, default=0, help="epoch e runs with run seed SEED + e, in every mode")
     ep.add_argument("--backend", choices=BACKENDS, default="cow")
     ep.add_argument("--max-steps", type=int, default=40)
-    ep.add_argument("--cache-dir", help="prefix mode: the cache's directory (default: a fresh temporary one, "
-                                        "removed afterwards; none: in memory only, no cold checkpoints)")
-    ep.add_argument("--hot-budget", type=nbytes_of, help="prefix mode: bytes of snapshots in memory (unbounded)")
-    ep.add_argument("--disk-budget", type=nbytes_of, help="prefix mode: bytes of checkpoints on disk (unbounded)")
+    ep.add_argument("--cache-dir", default="none",
+                    help="prefix mode: the cache's directory (default none: in memory only, as --prefix-cache "
+                         "without --cache-dir; temp: a fresh temporary one, removed afterwards)")
+    ep.add_argument("--hot-budget", type=budget_of, default=DEFAULT,
+                    help="prefix mode: bytes of snapshots in memory (default: --prefix-cache's, 256M; none: unbounded)")
+    ep.add_argument("--disk-budget", type=budget_of, default=DEFAULT,
+                    help="prefix mode: bytes of checkpoints on disk (default: --prefix-cache's, 8G)")
     ep.add_argument("--strategy", choices=["lru", "cost"], default="lru", help="prefix mode: eviction strategy")
     ep.add_argument("--json", type=Path, help="write every mode's epochs as JSON here")
     ep.add_argument("--plots", type=Path, help="write the PNG plot into this directory")

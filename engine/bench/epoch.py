@@ -270,8 +270,8 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
 
 def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
     """``bunshin bench epoch`` from its parsed arguments: the suite (with ``time_scale`` when it takes the knob and
-    ``--set`` does not name it), the policy at ``--time-scale``, the prefix settings (a fresh temporary cache
-    directory unless ``--cache-dir``: a directory, or ``none`` for a cache in memory only), then ``main``."""
+    ``--set`` does not name it), the policy at ``--time-scale``, the prefix settings (in memory only unless
+    ``--cache-dir``: a directory, or ``temp`` for a fresh temporary one), then ``main``."""
     from bunshin.policies.registry import make_policy
 
     from .. import event_loop
@@ -284,10 +284,11 @@ def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("command", "bench", "set")}
     config["suite_time_scale"] = dict(args.set).get("time_scale")
+    from ..cli import budgets
+
     with tempfile.TemporaryDirectory(prefix="bunshin-epoch-cache-", dir="/var/tmp") as scratch:
-        cache_dir = None if args.cache_dir == "none" else Path(args.cache_dir or scratch)
-        settings = PrefixSettings(cache_dir=cache_dir, hot_budget=args.hot_budget,
-                                  disk_budget=args.disk_budget, strategy=args.strategy)
+        cache_dir = {"none": None, "temp": Path(scratch)}.get(args.cache_dir, Path(args.cache_dir))
+        settings = PrefixSettings(cache_dir=cache_dir, strategy=args.strategy, **budgets(args))
         engine_kwargs = {"backend": args.backend, "concurrency": args.concurrency, "max_steps": args.max_steps}
         try:
             return event_loop.run(main(suite, policy, args.modes, args.epochs, tasks=args.tasks,

@@ -14,14 +14,15 @@ STRATEGIES = ("lru", "cost")
 @dataclass(frozen=True, kw_only=True)
 class PrefixSettings:
     """``cache_dir``: where the tree and its cold checkpoints live across runs (None: memory only, hot entries
-    only); ``hot_budget`` / ``disk_budget``: bytes of frozen snapshots in memory / of checkpoints on disk (None:
-    unbounded); ``strategy``: ``lru`` (default) or ``cost`` (cost-aware, GreedyDual-Size-Frequency);
+    only); ``hot_budget`` / ``disk_budget``: bytes of frozen snapshots in memory (their private memory) / of
+    checkpoints on disk (None: unbounded; defaults 256 MiB, about a dozen web-shop snapshots of ~20 MiB private
+    each, so that memory stays bounded however long a run is, and 8 GiB); ``strategy``: ``lru`` (default) or ``cost`` (cost-aware, GreedyDual-Size-Frequency);
     ``min_issuers``: distinct issuers of a call from one node before it becomes a node (admission);
     ``writers`` / ``backlog``: background checkpoint writers and their queue's bound."""
 
     cache_dir: Path | None = None
-    hot_budget: int | None = None
-    disk_budget: int | None = None
+    hot_budget: int | None = 256 << 20
+    disk_budget: int | None = 8 << 30
     strategy: str = "lru"
     min_issuers: int = 2
     writers: int = 2
