@@ -210,30 +210,32 @@ class PrefixCache:
                 del self._rebuilding[node.id]
 
     async def _rebuild(self, node: Node, seed: int) -> Workspace:
-        if node.cold is not None and self.cold is not None:
-            ws = await self.cold.restore(node, seed)
-            if ws is not None:
-                await self.keep(node, ws)  # hot again: the next sample forks it instead of reading the disk
-                return ws
-        source, _ = self.tree.rebuild_path(node)
-        with self.tree.pin(source):
-            ws = None
-            if source is not node:
+        """``node``'s state from, in order of preference: the nearest snapshot on its path (a fork shares the
+        snapshot's memory; the calls below it are replayed), the nearest checkpoint (a restore is a private copy of
+        the whole state, so it comes second even when it is nearer), or the task set up afresh."""
+        ws: Workspace | None = None
+        for source in (n for n in node.ancestors() if n.hot is not None):
+            with self.tree.pin(source):
                 ws = await self.fork_hot(source, seed)
-                if ws is None and source.cold is not None and self.cold is not None:
+            if ws is not None:
+                break
+        if ws is None and self.cold is not None:
+            for source in (n for n in node.ancestors() if n.cold is not None):
+                with self.tree.pin(source):
                     ws = await self.cold.restore(source, seed)
-            if ws is None:  # nothing on the path has an entry left: set the task up afresh
-                source = self._root_of(node)
-                ws, first = await self.setup(self.tasks[source.ns], seed)
-                if not same_observation(source.observation, first):  # type: ignore[arg-type]
-                    self.tree.mark_non_cacheable(source)
-                    await ws.close()
-                    raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
-                self.counts["setups_replayed"] += 1
+                if ws is not None:
+                    break
+        if ws is None:  # nothing on the path has an entry left: set the task up afresh
+            source = self._root_of(node)
+            ws, first = await self.setup(self.tasks[source.ns], seed)
+            if not same_observation(source.observation, first):  # type: ignore[arg-type]
+                self.tree.mark_non_cacheable(source)
+                await ws.close()
+                raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
+            self.counts["setups_replayed"] += 1
         try:
             await self.replay(ws, self._path(source, node))
-            if source is not node:
-                await self.keep(node, ws)  # rebuilt once: the next sample missing here forks it
+            await self.keep(node, ws)  # rebuilt once: the next sample missing here forks it
         except BaseException:
             await ws.close()
             raise

@@ -25,7 +25,7 @@ class PrefixSettings:
     disk_budget: int | None = 8 << 30
     strategy: str = "lru"
     min_issuers: int = 2
-    writers: int = 2
+    writers: int = 1  # one image in the pool's tmpfs at a time: a web-shop state is ~130 MiB
     backlog: int = 16
 
     def __post_init__(self) -> None:
