@@ -112,12 +112,17 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, str
     yield asyncio.run(run())
 
 
-async def cached_run(state_dir: Path, cache_dir: Path, seeds: list[int]) -> tuple[list[list[Trajectory]], dict]:
+async def cached_run(state_dir: Path, cache_dir: Path, seeds: list[int], *,
+                     restores_pay: bool = False) -> tuple[list[list[Trajectory]], dict]:
+    """``restores_pay``: treat a restore as free, so that every checkpoint on a rebuilt path is read (at time scale
+    0 a replay costs milliseconds, and the cache would rather replay than restore)."""
     async with RolloutEngine(shop(), grounded(), concurrency=8, state_dir=state_dir,
                              prefix=PrefixSettings(cache_dir=cache_dir)) as engine:
-        out = await epochs(engine, seeds)
         cache = engine.prefix_cache
         assert cache is not None
+        if restores_pay:
+            cache.cold.restore_s = -1.0  # type: ignore[union-attr]
+        out = await epochs(engine, seeds)
         await cache.cold.writers.wait_idle()  # type: ignore[union-attr]
         cache.tree.check()
         stats = engine.prefix_statistics()
@@ -142,7 +147,7 @@ async def test_a_corrupt_chunk_and_a_truncated_manifest_are_dropped_and_rebuilt(
     truncated = manifests[len(manifests) // 2]
     truncated.write_bytes(truncated.read_bytes()[:20])
 
-    (second,), stats = await cached_run(state_dir, cache_dir, [1])
+    (second,), stats = await cached_run(state_dir, cache_dir, [1], restores_pay=True)
     assert trajectories_sha256(second) == baseline[1]
     assert stats["cold_dropped_on_open"] >= 1  # the truncated manifest: never loaded
     assert stats["cold_corrupt"] >= 1  # the flipped chunk: found when a restore read it, dropped, replayed

@@ -220,7 +220,7 @@ class PrefixCache:
             if ws is not None:
                 break
         if ws is None and self.cold is not None:
-            for source in (n for n in node.ancestors() if n.cold is not None):
+            for source in (n for n in node.ancestors() if n.cold is not None and self._restore_pays(n, node)):
                 with self.tree.pin(source):
                     ws = await self.cold.restore(source, seed)
                 if ws is not None:
@@ -240,6 +240,13 @@ class PrefixCache:
             await ws.close()
             raise
         return ws
+
+    def _restore_pays(self, source: Node, node: Node) -> bool:
+        """Whether restoring ``source``'s checkpoint and replaying down to ``node`` beats setting the task up afresh
+        (a fork of the application's root, sharing its memory) and replaying every call: the restore's measured
+        time plus the calls below ``source``, against the tool-seconds of every call on the path."""
+        below = sum(n.tool_s for n in self._path(source, node))
+        return self.cold.restore_s + below < sum(n.tool_s for n in node.ancestors())  # type: ignore[union-attr]
 
     async def replay(self, ws: Workspace, nodes: list[Node]) -> None:
         """Execute each node's call in ``ws`` (which is in the state of the first node's parent), checking that it

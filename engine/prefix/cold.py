@@ -49,6 +49,7 @@ class ColdStore:
             ("restores", "restore_failures", "corrupt", "deleted", "saves", "save_failures", "loaded_nodes",
              "dropped_on_open"), 0)
         self.load_reason: str | None = None
+        self.restore_s = 2.0  # a restore's time, measured (moving average): when a restore pays over a replay
 
     @classmethod
     async def open(cls, cache: PrefixCache, directory: Path) -> ColdStore:
@@ -174,6 +175,7 @@ class ColdStore:
         task = self.cache.tasks[self._root(node).ns]
         if self.cache.runtime_restore is None:
             return None
+        started = time.monotonic()
         try:
             ws = await self.cache.runtime_restore(self.cache.suite.app(task), None,
                                                   lambda target: self.store.read_node(cold.checkpoint_id, target),
@@ -196,6 +198,7 @@ class ColdStore:
             self.save_soon()
             return None
         self.counts["restores"] += 1
+        self.restore_s += 0.3 * (time.monotonic() - started - self.restore_s) if self.restore_s >= 0 else 0.0
         self.cache.tree.touch(node)
         return ws
 
