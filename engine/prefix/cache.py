@@ -119,7 +119,7 @@ class PrefixCache:
         while True:
             await asyncio.sleep(MEASURE_EVERY_S)
             nodes = [n for n in self.tree.nodes.values() if n.hot is not None]
-            sizes = await asyncio.to_thread(_pss_of, [(n, n.hot.handle) for n in nodes])  # type: ignore[union-attr]
+            sizes = await asyncio.to_thread(_private_memory_of, [(n, n.hot.handle) for n in nodes])  # type: ignore[union-attr]
             for node, handle, nbytes in sizes:
                 if node.hot is not None and node.hot.handle is handle:
                     self.tree.resize_hot(node, max(MIN_HOT_BYTES, nbytes))
@@ -226,7 +226,7 @@ class PrefixCache:
                 if ws is not None:
                     break
         if ws is None:  # nothing on the path has an entry left: set the task up afresh
-            source = self._root_of(node)
+            source = node.root
             ws, first = await self.setup(self.tasks[source.ns], seed)
             if not same_observation(source.observation, first):  # type: ignore[arg-type]
                 self.tree.mark_non_cacheable(source)
@@ -234,7 +234,7 @@ class PrefixCache:
                 raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
             self.counts["setups_replayed"] += 1
         try:
-            await self.replay(ws, self._path(source, node))
+            await self.replay(ws, self.path_between(source, node))
             await self.keep(node, ws)  # rebuilt once: the next sample missing here forks it
         except BaseException:
             await ws.close()
@@ -245,7 +245,7 @@ class PrefixCache:
         """Whether restoring ``source``'s checkpoint and replaying down to ``node`` beats setting the task up afresh
         (a fork of the application's root, sharing its memory) and replaying every call: the restore's measured
         time plus the calls below ``source``, against the tool-seconds of every call on the path."""
-        below = sum(n.tool_s for n in self._path(source, node))
+        below = sum(n.tool_s for n in self.path_between(source, node))
         return self.cold.restore_s + below < sum(n.tool_s for n in node.ancestors())  # type: ignore[union-attr]
 
     async def replay(self, ws: Workspace, nodes: list[Node]) -> None:
@@ -262,13 +262,7 @@ class PrefixCache:
                 raise NonDeterministicTool(record.call, node.depth)
 
     @staticmethod
-    def _root_of(node: Node) -> Node:
-        while node.parent is not None:
-            node = node.parent
-        return node
-
-    @staticmethod
-    def _path(source: Node, node: Node) -> list[Node]:
+    def path_between(source: Node, node: Node) -> list[Node]:
         """The nodes strictly below ``source`` down to ``node``, in order."""
         path = []
         while node is not source:
@@ -374,16 +368,10 @@ class PrefixCache:
         return stats
 
 
-def _pss_of(entries: list[tuple[Node, object]]) -> list[tuple[Node, object, int]]:
+def _private_memory_of(entries: list[tuple[Node, object]]) -> list[tuple[Node, object, int]]:
     """Each snapshot's private memory now (blocking: a thread); a snapshot that went meanwhile is left out."""
     out = []
     for node, handle in entries:
         with contextlib.suppress(Exception):
             out.append((node, handle, handle.memory().private))  # type: ignore[attr-defined]
     return out
-
-
-async def close_quietly(ws: Workspace | None) -> None:
-    if ws is not None:
-        with contextlib.suppress(Exception):
-            await ws.close()

@@ -172,7 +172,7 @@ class ColdStore:
         cold = node.cold
         if cold is None:
             return None
-        task = self.cache.tasks[self._root(node).ns]
+        task = self.cache.tasks[node.ns]
         if self.cache.runtime_restore is None:
             return None
         started = time.monotonic()
@@ -201,12 +201,6 @@ class ColdStore:
         self.restore_s += 0.3 * (time.monotonic() - started - self.restore_s) if self.restore_s >= 0 else 0.0
         self.cache.tree.touch(node)
         return ws
-
-    @staticmethod
-    def _root(node: Node) -> Node:
-        while node.parent is not None:
-            node = node.parent
-        return node
 
     # -- the tree file ----------------------------------------------------------------------------------------
     def save_soon(self) -> None:

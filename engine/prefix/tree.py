@@ -113,6 +113,12 @@ class Node:
             node = node.parent
 
     @property
+    def root(self) -> Node:
+        """The root of this node's namespace."""
+        *_, root = self.ancestors()
+        return root
+
+    @property
     def dead(self) -> bool:
         """Below (or at) a non-cacheable call: nothing serves from it, its entries go at the next eviction."""
         return any(n.non_cacheable for n in self.ancestors())

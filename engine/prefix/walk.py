@@ -174,7 +174,7 @@ class Walk:
         with self.tree.pin(target):
             fresh = await self.cache.fork_hot(target, self.seed)
             if fresh is None and self.ws is not None:  # replay the gap in our own workspace
-                await self.cache.replay(self.ws, self._between(self.ws_depth, target))
+                await self.cache.replay(self.ws, self.cache.path_between(self._node_at(self.ws_depth), target))
                 self.ws_depth, self.rebuilt = depth, True
                 return
             if fresh is None:
@@ -194,14 +194,6 @@ class Walk:
         while node.depth > depth:
             node = node.parent  # type: ignore[assignment]
         return node
-
-    def _between(self, depth: int, target: Node) -> list[Node]:
-        nodes = []
-        node: Node | None = target
-        while node is not None and node.depth > depth:
-            nodes.append(node)
-            node = node.parent
-        return nodes[::-1]
 
     # -- the end ----------------------------------------------------------------------------------------------
     async def evaluate(self, final: ToolCall) -> float:
