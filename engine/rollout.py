@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -39,6 +40,9 @@ from .prefix.settings import PrefixSettings
 from .prefix.walk import Walk
 from .records import RolloutRequest, RolloutResult, TaskSpec, Trajectory
 from .sample import SampleRun, SampleSettings
+from .speculation.branch import SampleSpeculation
+from .speculation.settings import SpecSettings
+from .speculation.speculator import Speculator
 
 Finish = Callable[[Trajectory], Any]
 
@@ -48,9 +52,11 @@ class RolloutEngine:
                  memory_budget: int | None = None, decide_timeout_s: float = 300.0, call_timeout_s: float = 120.0,
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
-                 memory_detail_s: float | None = None, prefix: PrefixSettings | None = None):
+                 memory_detail_s: float | None = None, prefix: PrefixSettings | None = None,
+                 speculation: SpecSettings | None = None):
         """``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
-        every call). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
+        every call). ``speculation``: run predicted calls in forks while the policy reasons (``engine/speculation``;
+        its model is kept in the prefix cache's directory unless ``speculation.model_dir`` says otherwise). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
         ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
         ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
         the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process."""
@@ -77,6 +83,10 @@ class RolloutEngine:
         self.gate: AdmissionGate | None = None
         self.prefix = prefix
         self.prefix_cache: PrefixCache | None = None
+        if speculation is not None and speculation.model_dir is None and prefix is not None and prefix.cache_dir:
+            speculation = dataclasses.replace(speculation, model_dir=prefix.cache_dir)
+        self.speculation = speculation
+        self.speculator: Speculator | None = None
 
     # -- life cycle -------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutEngine:
@@ -94,11 +104,20 @@ class RolloutEngine:
                                                 call_timeout_s=self.settings.call_timeout_s,
                                                 restore=self.runtime.restore_image)
                 await self.prefix_cache.open(list(self.tasks.values()))
+            if self.speculation is not None:
+                self.speculator = Speculator(self.speculation, self.suite)
+                await self.speculator.open(list(self.tasks.values()))
         except BaseException:
+            await self._close_speculator()
             await self._close_cache()
             await self.runtime.close()
             raise
         return self
+
+    async def _close_speculator(self) -> None:
+        speculator, self.speculator = self.speculator, None
+        if speculator is not None:
+            await speculator.close()
 
     async def _close_cache(self) -> None:
         cache, self.prefix_cache = self.prefix_cache, None
@@ -111,7 +130,10 @@ class RolloutEngine:
         await asyncio.gather(*self._streams, return_exceptions=True)
         try:
             try:
-                await self._close_cache()
+                try:
+                    await self._close_speculator()
+                finally:
+                    await self._close_cache()
             finally:
                 if hasattr(self, "meter"):
                     await self.meter.stop()
@@ -286,7 +308,7 @@ class RolloutEngine:
                                 execute=self.execute_call, call_timeout_s=self.settings.call_timeout_s)
 
                 await SampleRun(self.suite, self.policy, self._gate(), self.settings, self.execute_call, task, None,
-                                first, t, walk=walk).run(lambda: None)
+                                first, t, walk=walk, speculation=self._speculation(t, task)).run(lambda: None)
                 await finish(t)
 
             async with asyncio.TaskGroup() as samples:
@@ -310,7 +332,7 @@ class RolloutEngine:
 
         async def one(t: Trajectory) -> None:
             await SampleRun(self.suite, self.policy, gate, self.settings, self.execute_call, task, base, first,
-                            t).run(one_forked)
+                            t, speculation=self._speculation(t, task)).run(one_forked)
             await finish(t)
 
         async def close_base_when_forked() -> None:
@@ -342,6 +364,18 @@ class RolloutEngine:
     def roots(self) -> list[Workspace]:
         """The root workspaces made so far (one per application): kept open until the engine closes."""
         return list(self._roots.values())
+
+    def _speculation(self, t: Trajectory, task: SuiteTask) -> SampleSpeculation | None:
+        if self.speculator is None:
+            return None
+        return self.speculator.sample(self.suite, sample=(t.run_seed, t.group_id, t.sample), task=task, seed=t.seed,
+                                      execute=self.execute_call, call_timeout_s=self.settings.call_timeout_s)
+
+    def speculation_statistics(self) -> dict[str, Any] | None:
+        """Speculation's figures since the engine started (None without speculation): top-1 and top-k of the
+        selector, branches started, adopted and wasted, their tool-seconds and memory (``speculation.settings``'
+        ``STATISTICS`` says what each is)."""
+        return self.speculator.statistics() if self.speculator is not None else None
 
     def prefix_statistics(self) -> dict[str, Any] | None:
         """The prefix cache's counters since the engine started (None without the cache): hits, misses, hit rate,

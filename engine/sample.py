@@ -28,6 +28,8 @@ from .errors import DecideTimeout, RolloutTimeout
 from .outcomes import Phase, classify, describe
 from .prefix.walk import Walk
 from .records import Status, Trajectory
+from .speculation.branch import SampleSpeculation
+from .speculation.features import Situation, label_of
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,16 @@ class SampleRun:
     def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
                  execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask,
                  base: Workspace | None, first: Observation, trajectory: Trajectory,
-                 walk: Callable[[], Walk] | None = None):
+                 walk: Callable[[], Walk] | None = None, speculation: SampleSpeculation | None = None):
         """Either ``base`` (the sample forks it and executes every call) or ``walk`` (the prefix cache: the
-        sample walks the tree from the task's root and gets a workspace only at its first miss)."""
+        sample walks the tree from the task's root and gets a workspace only at its first miss). ``speculation``:
+        while the policy decides, predicted calls run in forks of the sample's workspace (``engine/speculation``);
+        an exact match is adopted, anything else is executed as without it."""
         self.suite, self.policy, self.gate, self.settings = suite, policy, gate, settings
         self.execute_call = execute_call
         self.task, self.base, self.first, self.trajectory = task, base, first, trajectory
         self.make_walk = walk
+        self.speculation = speculation
         self.walk: Walk | None = None
         self.phase = Phase.ENGINE
         self.ws: Workspace | None = None
@@ -83,7 +88,7 @@ class SampleRun:
                         t.lineage = [self.base.id, self.ws.id]
                         before = self.ws.cgroup.memory_charge()
                         await self._episode(self.ws)
-                        ticket.grew = self.ws.cgroup.memory_charge() - before
+                        ticket.grew = self.ws.cgroup.memory_charge() - before  # (after adoptions: the last branch's)
                 except TimeoutError as exc:
                     if not scope.expired():
                         raise
@@ -93,6 +98,10 @@ class SampleRun:
         finally:
             if not told:
                 forked()
+            if self.speculation is not None:
+                finished = t.status in (Status.OK, Status.MAX_STEPS)
+                self.speculation.finished(len(t.steps) if finished else None)
+                await self.speculation.close()
             if self.ws is not None:
                 await self.ws.close()
             if self.walk is not None:
@@ -111,19 +120,44 @@ class SampleRun:
         """The episode in ``ws``, or through ``self.walk`` when ``ws`` is None."""
         t = self.trajectory
         episode = Episode(self.suite, self.task, t, self.first, self.settings.max_steps)
+        spec = self.speculation
         while True:
+            if spec is not None:
+                self._speculate(spec, episode, walking=ws is None)
             decision = await self._decide(episode)
             self.phase = Phase.PARSE
             move = episode.next_move(decision)
             if isinstance(move, Stop):
+                if spec is not None and move.status is Status.OK:
+                    await spec.resolve(move.final, adopt=False)
                 break
             if ws is None:
                 self.phase = Phase.CALL
                 await await_points.reached("sample.call")
-                taken = await self.walk.step(move.call)  # type: ignore[union-attr]
+                walk = self.walk
+                assert walk is not None
+                branch = None
+                if spec is not None:
+                    branch = await spec.resolve(move.call, adopt=not walk.serves(move.call))
+                if branch is not None:
+                    walk.adopt(move.call, branch.concrete, branch.observation, branch.ws)  # type: ignore[arg-type]
+                    episode.record(decision, move, branch.concrete, branch.observation,  # type: ignore[arg-type]
+                                   spec.waited_s(branch), source="speculated", saved_s=spec.hidden_s(branch))
+                    continue
+                taken = await walk.step(move.call)
                 episode.record(decision, move, taken.call, taken.observation, taken.tool_s, source=taken.source,
                                saved_s=taken.saved_s)
                 continue
+            if spec is not None:
+                self.phase = Phase.CALL
+                branch = await spec.resolve(move.call)
+                if branch is not None:  # the fork that ran this very call becomes the sample's workspace
+                    spec.close_later(ws)
+                    ws = self.ws = branch.ws
+                    t.lineage.append(ws.id)  # type: ignore[union-attr]
+                    episode.record(decision, move, branch.concrete, branch.observation,  # type: ignore[arg-type]
+                                   spec.waited_s(branch), source="speculated", saved_s=spec.hidden_s(branch))
+                    continue
             self.phase = Phase.RESOLVE
             call = await self.suite.concrete(ws, move.call)
             self.phase = Phase.CALL
@@ -142,6 +176,24 @@ class SampleRun:
             t.reward = float(await self.suite.evaluate(ws, self.task, move.final))
         t.timings["evaluate_s"] = round(time.monotonic() - evaluate_started, 4)
         self.phase = Phase.ENGINE
+
+    def _speculate(self, spec: SampleSpeculation, episode: Episode, walking: bool) -> None:
+        """The policy is about to reason: let speculation predict and run the next call meanwhile."""
+        t = self.trajectory
+        situation = Situation(suite=self.suite.name, template=self.task.template, instruction=self.task.instruction,
+                              step=episode.step, calls=tuple(label_of(s.call) for s in t.steps),
+                              observation=episode.context.observations[-1])
+        if walking:
+            walk = self.walk
+            assert walk is not None
+            spec.begin(situation, walk.workspace, walk.serves)
+            return
+
+        async def own() -> Workspace:
+            assert self.ws is not None
+            return self.ws
+
+        spec.begin(situation, own, lambda call: False)
 
     async def _decide(self, episode: Episode) -> Decision:
         self.phase = Phase.DECIDE

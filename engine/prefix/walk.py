@@ -82,6 +82,26 @@ class Walk:
         self._offer(parent, call, Served(call=concrete, observation=obs), ws)
         return Taken(concrete, obs, source, obs.tool_seconds)
 
+    def serves(self, call: ToolCall) -> bool:
+        """Whether ``step(call)`` would be served by the tree now (a hit), without counting it as one."""
+        if self.node is None:
+            self._find_node()
+        return self.node is not None and self.tree.child(self.node, call) is not None
+
+    def adopt(self, call: ToolCall, concrete: ToolCall, observation: Observation, ws: Workspace) -> None:
+        """``call`` ran as ``concrete`` in ``ws``, a speculative fork of this walk's workspace at ``path`` (made
+        after ``workspace()``): ``ws`` becomes the walk's workspace and the call is offered to the tree, as if it
+        had been executed here."""
+        parent = self.node
+        old, self.ws = self.ws, ws
+        if old is not None:
+            self.cache.spawn(old.close())
+        self.rebuilt = False
+        self.path.append(call)
+        self.ws_depth = len(self.path)
+        self.lineage.append(ws.id)
+        self._offer(parent, call, Served(call=concrete, observation=observation), ws)
+
     def _offer(self, parent: Node | None, call: ToolCall, record: Served, ws: Workspace) -> None:
         """The executed call goes to the tree (admission); the sample stands on its node if there is one."""
         if parent is None:  # off the tree; someone may have made this path a node meanwhile

@@ -82,6 +82,9 @@ def _decode_json_action(text: str) -> tuple[str, dict[str, Any]]:
     return name, args
 
 
+READ_ONLY = frozenset({"sheet_get", "search_files", "WAIT"})
+
+
 class DesktopSuite(Suite):
     name = "desktop"
 
@@ -207,6 +210,11 @@ class DesktopSuite(Suite):
     def null_action(self) -> ToolCall:
         """Stopping at once: giving up (OSWorld's FAIL), right only on infeasible tasks (``give_up``)."""
         return ToolCall(name="FAIL")
+
+    def read_only(self, call: ToolCall) -> bool:
+        """Reading a cell, searching files and waiting change nothing. A ``terminal`` command may do anything,
+        so none is declared, not even ``ls``."""
+        return call.name in READ_ONLY
 
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         ot, _ = self.load(task.path)

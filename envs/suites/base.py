@@ -104,6 +104,13 @@ class Suite(abc.ABC):
         caught by the engine anyway."""
         return False
 
+    def read_only(self, call: ToolCall) -> bool:
+        """Whether ``call`` is declared read-only: it changes no state of the application a system without forks
+        could not put back (a page view, a query), so such a system could run it ahead of the agent, as PASTE and
+        Speculative Actions do. Only ``--spec-readonly`` asks; speculation on forks needs no such declaration.
+        Default: none."""
+        return False
+
     async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
         """A reference step as the workspace takes it. A reference may name a page element by role and name
         (ids belong to a page state, a task file cannot know them); the suite resolves it against the workspace's

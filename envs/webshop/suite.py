@@ -31,6 +31,9 @@ _SYMBOLIC_ID = re.compile(r"@\w+ '(?:[^'\\]|\\.)*'")
 _SYMBOLIC = re.compile(rf"\[({_SYMBOLIC_ID.pattern})\]")
 
 
+READ_ONLY = frozenset({"scroll", "hover", "tab_focus", "goto", "go_back", "go_forward"})
+
+
 class WebShopSuite(Suite):
     """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
     products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
@@ -142,6 +145,12 @@ class WebShopSuite(Suite):
 
     def null_action(self) -> ToolCall:
         return SCHEMA.normalize(ToolCall(name=FINAL))  # stop []
+
+    def read_only(self, call: ToolCall) -> bool:
+        """Looking, not doing: scrolling, hovering, switching tabs and GET navigation (``goto``, back, forward)
+        change nothing on the shop's server. A ``click`` or ``type`` may submit a form (add to cart, check out,
+        post a review), and which one does depends on the page, so none is declared."""
+        return call.name in READ_ONLY
 
     async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
         target = call.args.get("element_id")

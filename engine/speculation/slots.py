@@ -1,0 +1,84 @@
+"""Speculation slots: a bounded number of branches at once, within a memory budget, highest priority first.
+
+Owns: ``SpecSlots``. ``acquire(priority, preempt)`` waits for a slot: granted at once when one is free and the
+branches' memory is under the budget; when every slot is taken, a request whose priority is clearly higher than the
+lowest running grant's (``PREEMPT_MARGIN``) takes that grant's slot, and the grant's ``preempt`` callback is called
+(its branch is cancelled); otherwise the request waits, and freed slots go to the waiting request of highest
+priority. Priority is tail priority (``tail.py``): the predicted seconds until the sample ends.
+Must never: grant more than ``slots`` at once, or lose a slot (``release`` is idempotent; a cancelled waiter leaves
+the queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PREEMPT_MARGIN = 1.5  # a request preempts a running branch only if its priority is this many times higher
+RECHECK_S = 0.25  # waiters blocked by memory alone look again this often (branches' memory also falls)
+
+
+@dataclass(eq=False)
+class Grant:
+    priority: float
+    preempt: Callable[[], None]
+    released: bool = field(default=False, repr=False)
+
+
+class SpecSlots:
+    def __init__(self, slots: int, memory_budget: int | None, used_memory: Callable[[], int]):
+        self.slots, self.memory_budget, self.used_memory = slots, memory_budget, used_memory
+        self.running: set[Grant] = set()
+        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self.preempted = 0
+
+    def _memory_left(self) -> bool:
+        return self.memory_budget is None or self.used_memory() < self.memory_budget
+
+    async def acquire(self, priority: float, preempt: Callable[[], None]) -> Grant:
+        while True:
+            if len(self.running) < self.slots and self._memory_left() and self._first_in_line(priority):
+                return self._grant(priority, preempt)
+            if len(self.running) >= self.slots and self._memory_left():
+                lowest = min(self.running, key=lambda g: g.priority)
+                if priority > lowest.priority * PREEMPT_MARGIN:
+                    self.release(lowest)
+                    self.preempted += 1
+                    lowest.preempt()
+                    return self._grant(priority, preempt)
+            wake = asyncio.get_running_loop().create_future()
+            entry = (-priority, next(self._order), wake)
+            heapq.heappush(self._waiters, entry)
+            try:
+                async with asyncio.timeout(RECHECK_S if len(self.running) < self.slots else None):
+                    await wake
+            except TimeoutError:
+                pass
+            finally:
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
+                    heapq.heapify(self._waiters)
+
+    def _first_in_line(self, priority: float) -> bool:
+        """No waiter of higher priority is owed the free slot."""
+        live = [w for w in self._waiters if not w[2].done()]
+        return not live or -min(live)[0] <= priority
+
+    def _grant(self, priority: float, preempt: Callable[[], None]) -> Grant:
+        grant = Grant(priority, preempt)
+        self.running.add(grant)
+        return grant
+
+    def release(self, grant: Grant) -> None:
+        if grant.released:
+            return
+        grant.released = True
+        self.running.discard(grant)
+        if self._waiters:  # wake the first in line; it takes the slot if memory allows
+            _, _, wake = self._waiters[0]
+            if not wake.done():
+                wake.set_result(None)
