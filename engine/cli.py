@@ -1,5 +1,5 @@
 """The ``bunshin`` command line: ``doctor``, ``demo``, ``eval``, ``replay``, ``suite check``, ``bench fork``,
-``bench sharing``, ``bench epoch``.
+``bench sharing``, ``bench epoch``, ``bench selector``.
 
 Owns: parsing arguments and dispatching; every command's work lives in its own module.
 """
@@ -100,6 +100,67 @@ def prefix_settings(args: argparse.Namespace) -> object:
         raise SystemExit(f"bunshin eval: {exc}") from exc
 
 
+SPEC_FLAGS = (("--spec-slots", "spec_slots", None), ("--spec-threshold", "spec_threshold", None),
+              ("--spec-memory", "spec_memory", DEFAULT), ("--spec-train", "spec_train", None),
+              ("--spec-readonly", "spec_readonly", False))
+
+
+def _refuse(args: argparse.Namespace, command: str, message: str) -> None:
+    """An argparse error of ``command``'s own parser (usage, then the message; exit 2)."""
+    parser = getattr(args, "subparser", None)
+    if parser is not None:
+        parser.error(message)
+    raise SystemExit(f"{command}: {message}")
+
+
+def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> object:
+    """The speculation flags as ``SpecSettings`` (a flag left out keeps its default). ``bunshin eval``: None
+    without ``--speculate``, and a ``--spec-*`` flag without it is an error; with ``--prefix-cache --cache-dir
+    DIR`` the selector is saved in DIR. ``bunshin bench epoch``: the speculating modes' settings (their
+    ``read_only`` and ``model_dir`` are the mode's), and a ``--spec-*`` flag with no such mode is an error."""
+    from .speculation.settings import SpecSettings
+
+    given = [flag for flag, name, unset in SPEC_FLAGS if getattr(args, name, unset) != unset]
+    if hasattr(args, "speculate"):
+        if not args.speculate:
+            if given:
+                _refuse(args, command, f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --speculate")
+            return None
+    elif given and not any(m in ("spec", "spec-readonly", "full") for m in args.modes):
+        _refuse(args, command, f"{', '.join(given)} need a speculating mode (spec, spec-readonly or full)")
+    if getattr(args, "spec_train", None) is not None and not args.spec_train.is_file():
+        _refuse(args, command, f"--spec-train {args.spec_train}: no such file")
+    kwargs: dict[str, object] = {}
+    for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train")):
+        if getattr(args, name, None) is not None:
+            kwargs[key] = getattr(args, name)
+    if getattr(args, "spec_memory", DEFAULT) != DEFAULT:
+        kwargs["memory_budget"] = args.spec_memory
+    if getattr(args, "spec_readonly", False):
+        kwargs["read_only"] = True
+    if getattr(args, "prefix_cache", False) and getattr(args, "cache_dir", None) is not None:
+        kwargs["model_dir"] = args.cache_dir
+    try:
+        return SpecSettings(**kwargs)
+    except ValueError as exc:
+        _refuse(args, command, str(exc))
+        raise  # not reached: _refuse exits
+
+
+def _spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:
+    need = "speculating modes" if bench else "with --speculate"
+    parser.add_argument("--spec-slots", type=int, metavar="N",
+                        help=f"{need}: speculative branches running at once, tail samples first (default 4)")
+    parser.add_argument("--spec-threshold", type=float, metavar="P",
+                        help=f"{need}: the probability the selector's first prediction must reach (default 0.5)")
+    parser.add_argument("--spec-memory", type=budget_of, default=DEFAULT, metavar="BYTES",
+                        help=f"{need}: private memory the branches may hold together (default 256M; none: "
+                             "unbounded)")
+    parser.add_argument("--spec-train", type=Path, metavar="FILE",
+                        help=f"{need}: recorded trajectories (JSON Lines, as eval's trajectories.jsonl) the "
+                             "selector learns from before the first rollout")
+
+
 def make_suite(args: argparse.Namespace) -> object:
     from bunshin.envs.suites.registry import get_suite
 
@@ -157,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --prefix-cache: disk for checkpoints (default 8G; none: unbounded)")
     ev.add_argument("--cache-strategy", choices=["lru", "cost"], default="lru",
                     help="with --prefix-cache: what to evict first (least recently used, or cost-aware)")
+    ev.add_argument("--speculate", action="store_true",
+                    help="run predicted tool calls in forks while the policy reasons, adopt a branch whose call "
+                         "matches (with --prefix-cache --cache-dir DIR the selector is saved in DIR)")
+    _spec_arguments(ev)
+    ev.add_argument("--spec-readonly", action="store_true",
+                    help="with --speculate: speculate only calls the suite declares read-only (for comparison)")
+    ev.set_defaults(subparser=ev)
 
     rp = sub.add_parser("replay", help="re-execute recorded trajectories in fresh workspaces and compare")
     rp.add_argument("trajectories", type=Path)
@@ -207,12 +275,26 @@ def build_parser() -> argparse.ArgumentParser:
     sharing.add_argument("--json", type=Path, help="write results as JSON here")
     sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
 
+    from .bench import selector as bench_selector
+
+    sel = bench_sub.add_parser("selector", help="the Spec Tool Selector's accuracy on recorded epochs, per detour "
+                                                "rate and feature group")
+    _suite_arguments(sel)
+    bench_selector.add_arguments(sel)
+
     ep = bench_sub.add_parser("epoch", help="wall time, tool-seconds and memory of epochs of GRPO groups, per mode")
     _suite_arguments(ep)
     ep.add_argument("--epochs", type=int, default=3)
-    ep.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m], default=["base", "prefix"],
-                    help="base (no prefix cache), prefix; the first is the ratios' reference (default base,prefix)")
+    ep.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m],
+                    default=["base", "spec", "spec-readonly", "prefix", "full"],
+                    help="base (every call executed), spec (speculative tool execution), spec-readonly "
+                         "(speculating read-only calls only), prefix (the prefix cache), full (prefix cache and "
+                         "speculation); the first is the ratios' reference (default base,spec,spec-readonly,"
+                         "prefix,full)")
     ep.add_argument("--policy", choices=["grounded", "scripted"], default="grounded")
+    ep.add_argument("--detour-p", type=float, metavar="P",
+                    help="the policy's detour probability (default: its own, 0.15; the issue's selector "
+                         "accuracy is reported at 0, 0.15 and 0.3)")
     ep.add_argument("--tasks", type=int, default=10, help="groups per epoch: one task each, across templates")
     ep.add_argument("--group-size", type=int, default=8, help="samples per task (a GRPO group)")
     ep.add_argument("--concurrency", type=int, default=16, help="rollouts at once")
@@ -222,15 +304,21 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--backend", choices=BACKENDS, default="cow")
     ep.add_argument("--max-steps", type=int, default=40)
     ep.add_argument("--cache-dir", default="none",
-                    help="prefix mode: the cache's directory (default none: in memory only, as --prefix-cache "
-                         "without --cache-dir; temp: a fresh temporary one, removed afterwards)")
+                    help="prefix and full modes: the caches' directory, each mode in its own subdirectory, full's "
+                         "selector beside its cache (default none: in memory only, as --prefix-cache without "
+                         "--cache-dir; temp: a fresh temporary one, removed afterwards)")
     ep.add_argument("--hot-budget", type=budget_of, default=DEFAULT,
-                    help="prefix mode: bytes of snapshots in memory (default: --prefix-cache's, 256M; none: unbounded)")
+                    help="prefix and full modes: bytes of snapshots in memory (default: --prefix-cache's, 256M; "
+                         "none: unbounded)")
     ep.add_argument("--disk-budget", type=budget_of, default=DEFAULT,
-                    help="prefix mode: bytes of checkpoints on disk (default: --prefix-cache's, 8G)")
-    ep.add_argument("--strategy", choices=["lru", "cost"], default="lru", help="prefix mode: eviction strategy")
+                    help="prefix and full modes: bytes of checkpoints on disk (default: --prefix-cache's, 8G)")
+    ep.add_argument("--strategy", choices=["lru", "cost"], default="lru",
+                    help="prefix and full modes: eviction strategy")
+    _spec_arguments(ep, bench=True)
     ep.add_argument("--json", type=Path, help="write every mode's epochs as JSON here")
-    ep.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
+    ep.add_argument("--plots", type=Path, help="write the PNG plots (rollouts running, working set) into this "
+                                                "directory")
+    ep.set_defaults(subparser=ep)
     return parser
 
 
@@ -274,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         return event_loop.run(bench_sharing.main(
             make_suite(args), policy, args.steps, samples=args.samples, template=args.template,
             per_template=args.tasks_per_template, seed=args.seed, json_path=args.json, plot_path=args.plot))
+    if args.command == "bench" and args.bench == "selector":
+        from .bench import selector as bench_selector
+
+        return bench_selector.command(args, make_suite)
     if args.command == "bench" and args.bench == "epoch":
         from .bench import epoch as bench_epoch
 
@@ -283,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .commands.eval_command import run_eval
 
+        prefix, speculation = prefix_settings(args), spec_settings(args)
         try:
             policy = make_policy(args.policy, args.time_scale)
         except (ValueError, OSError) as exc:
@@ -297,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
                                     group_size=args.group_size, concurrency=args.concurrency,
                                     memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
-                                    max_steps=args.max_steps, prefix=prefix_settings(args)))
+                                    max_steps=args.max_steps, prefix=prefix, speculation=speculation))
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":

@@ -112,3 +112,110 @@ def test_eval_then_replay_from_the_command_line(tmp_path: Path) -> None:
 def test_eval_refuses_a_bad_policy_spec() -> None:
     proc = bunshin("eval", "--suite", "webshop", "--policy", "magic", "--out", "/tmp/never")
     assert proc.returncode != 0 and "unknown policy 'magic'" in proc.stderr
+
+
+def parse(*argv: str):
+    from bunshin.engine.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+EVAL = ("eval", "--suite", "webshop", "--out", "/tmp/never")
+
+
+def test_speculation_flags_build_spec_settings(tmp_path: Path) -> None:
+    from bunshin.engine.cli import spec_settings
+    from bunshin.engine.speculation.settings import SpecSettings
+
+    assert spec_settings(parse(*EVAL)) is None
+    assert spec_settings(parse(*EVAL, "--speculate")) == SpecSettings()
+    train = tmp_path / "trajectories.jsonl"
+    train.write_text("")
+    assert spec_settings(parse(*EVAL, "--speculate", "--spec-slots", "2", "--spec-threshold", "0.3",
+                               "--spec-memory", "64M", "--spec-train", str(train), "--spec-readonly")) == SpecSettings(
+        slots=2, threshold=0.3, memory_budget=64 << 20, train_file=train, read_only=True)
+    assert spec_settings(parse(*EVAL, "--speculate", "--spec-memory", "none")).memory_budget is None
+    # the selector is saved with the prefix cache's directory
+    assert spec_settings(parse(*EVAL, "--speculate", "--prefix-cache", "--cache-dir", str(tmp_path))) == SpecSettings(
+        model_dir=tmp_path)
+    assert spec_settings(parse(*EVAL, "--speculate", "--cache-dir", str(tmp_path))).model_dir is None
+    # bench epoch: the speculating modes' settings, by default all five modes, the policy's own detour rate
+    args = parse("bench", "epoch", "--suite", "webshop", "--spec-slots", "3", "--detour-p", "0.3")
+    assert args.modes == ["base", "spec", "spec-readonly", "prefix", "full"] and args.detour_p == 0.3
+    assert spec_settings(args, "bunshin bench epoch") == SpecSettings(slots=3)
+    assert parse("bench", "epoch", "--suite", "webshop").detour_p is None
+
+
+def test_bad_speculation_flags_are_argparse_errors(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from bunshin.engine.cli import spec_settings
+
+    for argv, command, message in [
+        ((*EVAL, "--spec-slots", "2"), "bunshin eval", "--spec-slots need"),
+        ((*EVAL, "--spec-threshold", "0.2", "--spec-readonly"), "bunshin eval",
+         "--spec-threshold, --spec-readonly need --speculate"),
+        ((*EVAL, "--speculate", "--spec-threshold", "1.5"), "bunshin eval", "must be a probability in [0, 1]"),
+        ((*EVAL, "--speculate", "--spec-slots", "0"), "bunshin eval", "slots must be >= 1"),
+        ((*EVAL, "--speculate", "--spec-train", str(tmp_path / "missing.jsonl")), "bunshin eval", "no such file"),
+        (("bench", "epoch", "--suite", "webshop", "--modes", "base,prefix", "--spec-slots", "2"),
+         "bunshin bench epoch", "need a speculating mode"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            spec_settings(parse(*argv), command)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"{command}: error:" in err and message in err, (argv, err)
+
+
+def test_eval_summary_counts_steps_by_source_and_shows_speculation() -> None:
+    from bunshin.engine.commands.eval_command import SPECULATION_COLUMNS, speculation_rows, steps_by_source
+    from bunshin.engine.records import Status, Step, StepObservation, ToolCall, Trajectory
+
+    def t(*sources: str) -> Trajectory:
+        return Trajectory(task_id="t", suite="webshop", group_id="g", sample=0, seed=1, run_seed=1,
+                          first_observation=StepObservation(output=""), status=Status.OK, reward=1.0,
+                          steps=[Step(index=i, call=ToolCall(name="click", args={}), tool_s=0.1, reasoning_s=0.1,
+                                      observation=StepObservation(output=""), source=s)
+                                 for i, s in enumerate(sources)])
+
+    steps = steps_by_source([t("executed", "speculated", "cached"), t("speculated", "rebuilt")])
+    assert steps == {"executed": 1, "cached": 1, "rebuilt": 1, "speculated": 2}
+    assert steps_by_source([]) == {"executed": 0, "cached": 0, "rebuilt": 0, "speculated": 0}
+    summary = {"steps_by_source": steps, "speculation": {
+        "spec_top1": 0.625, "spec_topk": None, "speculated": 5, "adopted": 3, "wasted": 2, "adopted_s": 1.5,
+        "hidden_s": 1.0, "wasted_s": 0.75, "branch_bytes_peak": 3 << 20}}
+    [row] = speculation_rows(summary)
+    assert (row["top1"], row["topk"], row["branches"], row["steps_speculated"], row["peak"]) == (
+        "62%", "-", "5 / 3 / 2", 2, "3.0 MiB")
+    assert {k for k, _ in SPECULATION_COLUMNS} <= set(row)
+
+
+def test_eval_speculates_and_summarises(tmp_path: Path) -> None:
+    """``bunshin eval --speculate`` on a tiny batch: the summary has the engine's speculation statistics and the
+    steps by source, the table shows them."""
+    import inspect
+    import os
+
+    import pytest
+
+    from bunshin.engine.rollout import RolloutEngine
+    from bunshin.engine.speculation.settings import STATISTICS
+
+    from .conftest import host_processes
+
+    if "speculation" not in inspect.signature(RolloutEngine).parameters:
+        pytest.skip("the engine takes no speculation= yet")
+    env = {**os.environ, "BUNSHIN_STATE_DIR": "/var/lib/bunshin-test"}
+    out = tmp_path / "run"
+    proc = bunshin("eval", "--suite", "webshop", "--catalog-size", "2000", "--limit", "2", "--group-size", "2",
+                   "--concurrency", "4", "--time-scale", "0", "--policy", "grounded", "--out", str(out),
+                   "--speculate", "--spec-slots", "2", "--spec-threshold", "0", env=env)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["speculation"]) == set(STATISTICS)
+    steps = summary["steps_by_source"]
+    assert set(steps) >= {"executed", "cached", "rebuilt", "speculated"} and steps["cached"] == 0
+    assert sum(steps.values()) == sum(len(json.loads(line)["steps"])
+                                      for line in (out / "trajectories.jsonl").read_text().splitlines())
+    assert "| top-1 | top-k |" in proc.stdout and "| executed steps |" in proc.stdout
+    assert host_processes() == []

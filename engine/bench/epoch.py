@@ -1,22 +1,36 @@
-"""``bunshin bench epoch``: wall time, tool-seconds and memory of epochs of GRPO groups, per mode (``base``: no
-prefix cache; ``prefix``: the prefix cache), one engine per mode living across its epochs.
+"""``bunshin bench epoch``: wall time, tool-seconds and memory of epochs of GRPO groups, per mode, one engine per
+mode living across its epochs. Modes (``MODES``): ``base`` (every call executed), ``spec`` (speculative tool
+execution: ``RolloutEngine(speculation=SpecSettings(...))``), ``spec-readonly`` (the same, speculating only calls
+the suite declares read-only, as systems without forks must), ``prefix`` (the prefix cache), ``full`` (the prefix
+cache and speculation).
 
 Owns: the procedure, its per-epoch records, the ratios and the hash of behaviour (``trajectories_sha256``); the
-tables and the plot are ``epoch_report.py``'s. Every mode runs the same tasks (the first of each template in the
+tables and the plots are ``epoch_report.py``'s. Every mode runs the same tasks (the first of each template in the
 suite's order, then the second..., less those the policy refuses, ``tasks`` in all) with the same policy; epoch
 ``e`` (1-based) runs every task as a group of ``group_size`` samples with run seed ``seed + e`` (a training
 policy changes between epochs), the same seeds in every mode. Per mode one ``RolloutEngine`` serves all its
-epochs, so what the prefix cache kept in epoch 1 serves epoch 2. Epoch 1 includes building each application's
-root (the shop's catalog) in every mode.
+epochs, so what the prefix cache kept and the selector learned in epoch 1 serves epoch 2. Epoch 1 includes
+building each application's root (the shop's catalog) in every mode. With a cache directory, ``prefix`` and
+``full`` each keep theirs in their own subdirectory (``DIR/prefix``, ``DIR/full``: full must not start from the
+tree prefix left), and full's selector is saved there too (``SpecSettings.model_dir``); ``spec`` and
+``spec-readonly`` learn in memory only, from nothing but their own epochs (and ``--spec-train``).
 Per mode and epoch (``record``): ``wall_s`` from the first request to the last result; ``tool_s_executed`` the
-sum of ``Step.tool_s`` (tools run in this epoch's workspaces, rebuilt steps included; cached steps are 0);
-``tool_s_skipped`` the sum of ``Step.saved_s`` (what cached steps did not run); ``hit_rate`` cached steps / all
-steps, from the trajectories alone; ``peak_bytes`` and ``total_gib_s`` the engine meter's run memory (the run's
-cgroup charge: every workspace, the roots and the cache's frozen snapshots among them; not the engine process,
-nor checkpoints on disk) over the epoch's window; ``rewards_sha256`` the hash of behaviour, ``actions_sha256`` the same without observations; ``running`` each
-rollout's (start, end) from the epoch's start (end: when its result arrived; start: end less its ``wall_s`` less
-its ``admission_wait_s``, i.e. from when it held a rollout slot; group setups not); ``prefix`` the engine's
-prefix statistics over the epoch (counts as differences, gauges at the epoch's end), None in ``base``.
+sum of ``Step.tool_s`` (tools run in this epoch's workspaces, rebuilt steps included; cached steps are 0; an
+adopted speculated step counts what its sample waited for); ``tool_s_skipped`` the sum of ``Step.saved_s`` over
+the steps not speculated (what cached steps did not run); ``hit_rate`` cached steps / all steps, from the
+trajectories alone; ``peak_bytes`` and ``total_gib_s`` the engine meter's run memory (the run's cgroup charge:
+every workspace, the roots, the cache's frozen snapshots and speculative branches among them; not the engine
+process, nor checkpoints on disk) over the epoch's window, and ``memory`` that window's timeline ([seconds since
+the epoch's start, bytes], the meter's own samples); ``rewards_sha256`` the hash of behaviour,
+``actions_sha256`` the same without observations; ``running`` each rollout's (start, end) from the epoch's start
+(end: when its result arrived; start: end less its ``wall_s`` less its ``admission_wait_s``, i.e. from when it
+held a rollout slot; group setups not); ``prefix`` the engine's prefix statistics over the epoch (counts as
+differences, gauges at the epoch's end), None without a prefix cache; ``speculation`` the engine's
+``speculation_statistics()`` over the epoch the same way (``speculation.settings.GAUGES`` as at the epoch's end,
+so ``branch_bytes_peak`` is the engine's peak so far; ``spec_top1``/``spec_topk`` recomputed from the epoch's
+hits and decisions), None without speculation; beside it ``spec_top1``, ``spec_topk``, ``spec_adopted_s``,
+``spec_wasted_s``, ``spec_hidden_s``, ``spec_branch_bytes_peak`` (None without speculation) and
+``speculated_steps`` (steps whose source is ``speculated``, from the trajectories).
 Must never: compare modes that ran different tasks or seeds, or hash timings, seeds, ids, lineage or a step's
 source (equal behaviour gives equal hashes in every mode).
 """
@@ -31,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +57,20 @@ from bunshin.policies.base import Policy
 from ..commands.eval_command import Progress
 from ..records import Status, Trajectory, canonical
 from ..rollout import RolloutEngine
-from .epoch_report import plot, tables
+from .epoch_report import plot, plot_memory, tables
 from .report import human_bytes, write_json
 
-MODES = ("base", "prefix")
+MODES = ("base", "spec", "spec-readonly", "prefix", "full")
+PREFIX_MODES = ("prefix", "full")
+SPEC_MODES = ("spec", "spec-readonly", "full")
 # The engine's prefix statistics that are states, not cumulative counts (those are taken as differences per epoch).
 GAUGES = ("nodes", "nodes_hot", "nodes_cold", "nodes_absent", "bytes_hot", "bytes_cold", "pinned", "writer_backlog")
 BROKEN = (Status.ENGINE_ERROR, Status.SETUP_FAILED, Status.WORKSPACE_FAILED)  # the run's fault, not the agent's
 
 
 class BadRequest(ValueError):
-    """What the command asked for cannot be run (an unknown mode, an engine without a prefix cache)."""
+    """What the command asked for cannot be run (an unknown mode, an engine without a prefix cache or without
+    speculation, a policy without the detour knob)."""
 
 
 def behaviour(t: Trajectory, observations: bool = True) -> dict[str, Any]:
@@ -111,12 +129,30 @@ def choose_tasks(engine: RolloutEngine, policy: Policy, n: int) -> list[str]:
     return chosen[:n]
 
 
-async def prefix_statistics(engine: RolloutEngine) -> dict[str, Any] | None:
-    stats = getattr(engine, "prefix_statistics", None)
+async def engine_statistics(engine: RolloutEngine, name: str) -> dict[str, Any] | None:
+    """``engine.<name>()`` as a dict (awaited if it is a coroutine); None if the engine has no such method or the
+    feature is off."""
+    stats = getattr(engine, name, None)
     if stats is None:
         return None
     value = stats()
-    return dict(await value if inspect.isawaitable(value) else value) if value is not None else None
+    value = await value if inspect.isawaitable(value) else value
+    return dict(value) if value is not None else None
+
+
+async def prefix_statistics(engine: RolloutEngine) -> dict[str, Any] | None:
+    return await engine_statistics(engine, "prefix_statistics")
+
+
+def _window(before: dict[str, Any] | None, after: dict[str, Any], gauges: Iterable[str]) -> dict[str, Any]:
+    """Numbers that are not ``gauges`` (counts, bytes, seconds) as differences; gauges and the rest as in ``after``."""
+    before, gauges = before or {}, set(gauges)
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    return {k: (round(v - (before.get(k) if number(before.get(k)) else 0), 4)
+                if k not in gauges and number(v) else v) for k, v in after.items()}
 
 
 def prefix_window(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -124,16 +160,48 @@ def prefix_window(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     as differences, the hit rate of the epoch's lookups."""
     if after is None:
         return None
-    before = before or {}
-    window = {k: (round(v - before.get(k, 0), 4) if k not in GAUGES and isinstance(v, int | float)
-                  and not isinstance(v, bool) else v) for k, v in after.items()}
+    window = _window(before, after, GAUGES)
     looked = window.get("hits", 0) + window.get("misses", 0)
     window["hit_rate"] = round(window.get("hits", 0) / looked, 4) if looked else 0.0
     return window
 
 
+def speculation_window(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The epoch's speculation statistics: ``speculation.settings.GAUGES`` as at the epoch's end, counts and
+    seconds as differences, top-1 and top-k accuracy of the epoch's decisions (None if it had none)."""
+    from ..speculation.settings import GAUGES as SPEC_GAUGES
+
+    if after is None:
+        return None
+    window = _window(before, after, (g for g in SPEC_GAUGES if g not in ("spec_top1", "spec_topk")))
+    decisions = window.get("decisions") or 0
+    for rate, hits in (("spec_top1", "top1_hits"), ("spec_topk", "topk_hits")):
+        window[rate] = round((window.get(hits) or 0) / decisions, 4) if decisions else None
+    return window
+
+
+def speculation_fields(window: dict[str, Any] | None, steps: Iterable[Any]) -> dict[str, Any]:
+    """The record's speculation columns: the window's accuracy, seconds and branch peak (None without
+    speculation) and the steps adopted from branches (from the trajectories)."""
+    get = (lambda k: None) if window is None else window.get  # noqa: E731
+    return {"spec_top1": get("spec_top1"), "spec_topk": get("spec_topk"), "spec_adopted_s": get("adopted_s"),
+            "spec_wasted_s": get("wasted_s"), "spec_hidden_s": get("hidden_s"),
+            "spec_branch_bytes_peak": get("branch_bytes_peak"),
+            "speculated_steps": sum(s.source == "speculated" for s in steps), "speculation": window}
+
+
+def memory_window(timeline: Iterable[tuple[float, int]], t0: float, t1: float) -> list[tuple[float, int]]:
+    """The meter's samples between ``t0`` and ``t1`` (seconds since the meter started), as seconds since ``t0``;
+    the last sample before ``t0`` (the reading the epoch started from) stands at 0."""
+    points = list(timeline)
+    inside = [(round(t - t0, 3), int(v)) for t, v in points if t0 <= t <= t1]
+    before = [(0.0, int(v)) for t, v in points if t < t0][-1:]
+    return inside if inside and inside[0][0] == 0.0 else before + inside
+
+
 def record(mode: str, epoch: int, seed: int, trajectories: list[Trajectory], wall_s: float, peak: int,
-           gib_s: float, running: list[tuple[float, float]], prefix: dict[str, Any] | None) -> dict[str, Any]:
+           gib_s: float, running: list[tuple[float, float]], prefix: dict[str, Any] | None, *,
+           speculation: dict[str, Any] | None = None, memory: Iterable[tuple[float, int]] = ()) -> dict[str, Any]:
     steps = [s for t in trajectories for s in t.steps]
     n = len(trajectories)
     statuses: dict[str, int] = {}
@@ -141,7 +209,7 @@ def record(mode: str, epoch: int, seed: int, trajectories: list[Trajectory], wal
         statuses[str(t.status)] = statuses.get(str(t.status), 0) + 1
     return {"mode": mode, "epoch": epoch, "seed": seed, "rollouts": n, "wall_s": round(wall_s, 3),
             "tool_s_executed": round(sum(s.tool_s for s in steps), 3),
-            "tool_s_skipped": round(sum(s.saved_s for s in steps), 3),
+            "tool_s_skipped": round(sum(s.saved_s for s in steps if s.source != "speculated"), 3),
             "hit_rate": round(sum(s.source == "cached" for s in steps) / len(steps), 4) if steps else 0.0,
             "steps": len(steps), "cached_steps": sum(s.source == "cached" for s in steps),
             "rebuilt_steps": sum(s.source == "rebuilt" for s in steps),
@@ -151,18 +219,21 @@ def record(mode: str, epoch: int, seed: int, trajectories: list[Trajectory], wal
             "actions_sha256": trajectories_sha256(trajectories, observations=False),
             "mean_reward": round(sum(t.reward for t in trajectories) / n, 4) if n else 0.0,
             "success_rate": round(sum(t.reward == 1.0 for t in trajectories) / n, 4) if n else 0.0,
-            "statuses": statuses, "prefix": prefix,
+            "statuses": statuses, "prefix": prefix, **speculation_fields(speculation, steps),
             "running": sorted((round(a, 3), round(b, 3)) for a, b in running),
+            "memory": [(t, v) for t, v in memory],
             "per_rollout": per_rollout(trajectories)}  # for ``ratios``; not written to the JSON
 
 
 async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, tasks: int, group_size: int,
-                   seed: int, engine_kwargs: dict[str, Any], prefix: Any = None, log: Any = sys.stderr
-                   ) -> list[dict[str, Any]]:
+                   seed: int, engine_kwargs: dict[str, Any], prefix: Any = None, speculation: Any = None,
+                   log: Any = sys.stderr) -> list[dict[str, Any]]:
     """Every epoch of one mode on one engine."""
     kwargs = dict(engine_kwargs)
     if prefix is not None:
         kwargs["prefix"] = prefix
+    if speculation is not None:
+        kwargs["speculation"] = speculation
     out = []
     async with RolloutEngine(suite, policy, **kwargs) as engine:
         ids = choose_tasks(engine, policy, tasks)
@@ -174,6 +245,7 @@ async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, task
                   file=log, flush=True)
             progress = Progress(len(ids) * group_size, out=log)
             stats_before = await prefix_statistics(engine)
+            spec_before = await engine_statistics(engine, "speculation_statistics")
             engine.meter.sample()
             m0, started = engine.meter.elapsed(), time.monotonic()
             trajectories, running = [], []
@@ -186,21 +258,32 @@ async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, task
                 progress.update(t, engine.meter.now())
             wall = time.monotonic() - started
             engine.meter.sample()
-            peak, gib_s = engine.meter.window(m0, engine.meter.elapsed())
+            m1 = engine.meter.elapsed()
+            peak, gib_s = engine.meter.window(m0, m1)
             r = record(mode, epoch, seed + epoch, trajectories, wall, peak, gib_s, running,
-                       prefix_window(stats_before, await prefix_statistics(engine)))
+                       prefix_window(stats_before, await prefix_statistics(engine)),
+                       speculation=speculation_window(
+                           spec_before, await engine_statistics(engine, "speculation_statistics")),
+                       memory=memory_window(engine.meter.timeline, m0, m1))
+            spec = (f", top-1 {_percent(r['spec_top1'])}, adopted {r['spec_adopted_s'] or 0:.1f} s, wasted "
+                    f"{r['spec_wasted_s'] or 0:.1f} s" if r["speculation"] is not None else "")
             print(f"{mode}: epoch {epoch}: {r['wall_s']:.1f} s, tool-s {r['tool_s_executed']:.1f} executed "
-                  f"{r['tool_s_skipped']:.1f} skipped, hit rate {r['hit_rate']:.2f}, peak "
+                  f"{r['tool_s_skipped']:.1f} skipped, hit rate {r['hit_rate']:.2f}{spec}, peak "
                   f"{human_bytes(r['peak_bytes'])}, {r['total_gib_s']:.1f} GiB*s, success {r['success_rate']:.0%}",
                   file=log, flush=True)
             out.append(r)
     return out
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def ratios(records: list[dict[str, Any]], reference: str = "base") -> list[dict[str, Any]]:
     """Every other mode / ``reference`` per epoch: wall, peak, GiB*s; beside them its hit rate, skipped
-    tool-seconds and whether it behaved as the reference did: equal hashes with observations
-    (``same_behaviour``) and without (``same_actions``: calls, finals, statuses, rewards), and how many rollouts
+    tool-seconds, speculation's top-1 accuracy and adopted and wasted tool-seconds (None where it does not
+    speculate), and whether it behaved as the reference did: equal hashes with observations (``same_behaviour``)
+    and without (``same_actions``: calls, finals, statuses, rewards), and how many rollouts
     differ in each (an observation that shows the clock, as a test runner's "Ran 6 tests in 2.4s" does, differs
     between any two runs; a cached one repeats the run that was cached)."""
     ref = {r["epoch"]: r for r in records if r["mode"] == reference}
@@ -213,37 +296,87 @@ def ratios(records: list[dict[str, Any]], reference: str = "base") -> list[dict[
     return [{"mode": r["mode"], "epoch": r["epoch"], "wall_ratio": div(r["wall_s"], base["wall_s"]),
              "peak_ratio": div(r["peak_bytes"], base["peak_bytes"]),
              "gib_s_ratio": div(r["total_gib_s"], base["total_gib_s"]), "hit_rate": r["hit_rate"],
-             "tool_s_skipped": r["tool_s_skipped"], "same_behaviour": r["rewards_sha256"] == base["rewards_sha256"],
+             "tool_s_skipped": r["tool_s_skipped"], "spec_top1": r.get("spec_top1"),
+             "spec_adopted_s": r.get("spec_adopted_s"), "spec_wasted_s": r.get("spec_wasted_s"),
+             "same_behaviour": r["rewards_sha256"] == base["rewards_sha256"],
              "same_actions": r.get("actions_sha256") == base.get("actions_sha256"),
              "rollouts_differing": differing(r, base, 0), "rollouts_acting_differently": differing(r, base, 1)}
             for r in records if r["mode"] != reference and (base := ref.get(r["epoch"]))]
 
 
-def prefix_settings(mode: str, settings: Any) -> Any:
-    """``settings`` for the ``prefix`` mode (None for ``base``); refuses an engine without a prefix cache."""
+def engine_takes(parameter: str) -> bool:
+    return parameter in inspect.signature(RolloutEngine).parameters
+
+
+def mode_settings(mode: str, prefix: Any, speculation: Any) -> tuple[Any, Any]:
+    """(prefix settings, speculation settings) of ``mode``: ``prefix`` for the modes with the prefix cache,
+    ``speculation`` for those that speculate (``read_only`` in ``spec-readonly``); refuses an unknown mode and an
+    engine without what the mode needs."""
     if mode not in MODES:
-        raise BadRequest(f"unknown mode {mode!r}: use {' or '.join(MODES)}")
-    if mode == "base":
-        return None
-    if "prefix" not in inspect.signature(RolloutEngine).parameters:
+        raise BadRequest(f"unknown mode {mode!r}: use {', '.join(MODES)}")
+    if mode in PREFIX_MODES and not engine_takes("prefix"):
         raise BadRequest("this engine has no prefix cache yet (RolloutEngine takes no prefix=)")
-    return settings
+    if mode in SPEC_MODES and not engine_takes("speculation"):
+        raise BadRequest(f"mode {mode}: this engine has no speculation yet (RolloutEngine takes no speculation=)")
+    if mode in SPEC_MODES and speculation is None:
+        from ..speculation.settings import SpecSettings
+
+        speculation = SpecSettings()
+    return (prefix if mode in PREFIX_MODES else None,
+            None if mode not in SPEC_MODES else replace(speculation, read_only=True) if mode == "spec-readonly"
+            else speculation)
+
+
+def per_mode(modes: list[str], prefix: Any, speculation: Any) -> dict[str, tuple[Any, Any]]:
+    """Each mode's settings; with a cache directory DIR, each prefix-cache mode keeps its cache (and ``full`` its
+    selector: ``SpecSettings.model_dir``) in ``DIR/<mode>``, so no mode starts from what another left."""
+    out = {}
+    for mode in modes:
+        p, s = mode_settings(mode, prefix, speculation)
+        if p is not None and p.cache_dir is not None:
+            p = replace(p, cache_dir=p.cache_dir / mode)
+            if s is not None:
+                s = replace(s, model_dir=p.cache_dir)
+        out[mode] = (p, s)
+    return out
+
+
+def bench_policy(name: str, time_scale: float, detour_p: float | None = None) -> Policy:
+    """The policy at ``time_scale``; ``detour_p`` (None: the policy's own) where the policy has that knob."""
+    from bunshin.policies.registry import make_policy
+
+    policy = make_policy(name, time_scale)
+    if detour_p is None:
+        return policy
+    kind = type(policy)
+    if "detour_p" not in inspect.signature(kind).parameters:
+        raise BadRequest(f"policy {name} has no detour_p knob")
+    try:
+        return kind(detour_p=detour_p, time_scale=time_scale)
+    except ValueError as exc:
+        raise BadRequest(f"--detour-p: {exc}") from exc
 
 
 async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, tasks: int, group_size: int,
-               seed: int = 0, settings: Any = None, engine_kwargs: dict[str, Any] | None = None,
-               json_path: Path | None = None, plots: Path | None = None, config: dict[str, Any] | None = None,
-               log: Any = sys.stderr) -> int:
-    """Every mode's epochs, the tables on stdout, JSON and the plot; 1 if a mode acted or scored differently from
-    the first mode or a rollout failed by the run's fault (engine, setup, workspace); observations alone that
-    differ are reported, not failed (an observation may show the clock)."""
+               seed: int = 0, settings: Any = None, speculation: Any = None,
+               engine_kwargs: dict[str, Any] | None = None, json_path: Path | None = None,
+               plots: Path | None = None, config: dict[str, Any] | None = None, log: Any = sys.stderr) -> int:
+    """Every mode's epochs, the tables on stdout, JSON and the plots; ``settings``: the prefix cache's (None: its
+    defaults), ``speculation``: the ``SpecSettings`` of the speculating modes (None: their defaults). Returns 1 if a
+    mode acted or scored differently from the first mode or a rollout failed by the run's fault (engine, setup,
+    workspace); observations alone that differ are reported, not failed (an observation may show the clock)."""
     if epochs < 1 or tasks < 1 or group_size < 1 or not modes:
         raise BadRequest(f"need epochs, tasks, group size >= 1 and a mode, got {epochs}, {tasks}, {group_size}")
-    prefixes = {mode: prefix_settings(mode, settings) for mode in modes}
+    if settings is None and any(m in PREFIX_MODES for m in modes) and engine_takes("prefix"):
+        from ..prefix.settings import PrefixSettings
+
+        settings = PrefixSettings()
+    chosen = per_mode(modes, settings, speculation)
     records = []
     for mode in modes:
         records += await run_mode(suite, policy, mode, epochs, tasks=tasks, group_size=group_size, seed=seed,
-                                  engine_kwargs=engine_kwargs or {}, prefix=prefixes[mode], log=log)
+                                  engine_kwargs=engine_kwargs or {}, prefix=chosen[mode][0],
+                                  speculation=chosen[mode][1], log=log)
     rs = ratios(records, reference=modes[0])
     print(tables(records, rs, reference=modes[0]))
     if json_path:
@@ -253,10 +386,11 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
                                "seed": seed, "config": config or {}, "ratios": rs, "records": written})
     if plots:
         plots.mkdir(parents=True, exist_ok=True)
-        path = plots / f"epoch-{suite.name}.png"
         title = f"{suite.name}, {policy.name} policy, {tasks} groups of {group_size}"
-        await asyncio.to_thread(plot, records, path, title)  # rendering takes a while: off the loop
-        print(f"wrote {path}", file=log)
+        for path, draw in ((plots / f"epoch-{suite.name}.png", plot),
+                           (plots / f"epoch-{suite.name}-memory.png", plot_memory)):
+            await asyncio.to_thread(draw, records, path, title)  # rendering takes a while: off the loop
+            print(f"wrote {path}", file=log)
     for r in rs:
         if not r["same_actions"]:
             print(f"{r['mode']} epoch {r['epoch']}: {r['rollouts_acting_differently']} rollouts acted or scored "
@@ -270,21 +404,25 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
 
 def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
     """``bunshin bench epoch`` from its parsed arguments: the suite (with ``time_scale`` when it takes the knob and
-    ``--set`` does not name it), the policy at ``--time-scale``, the prefix settings (in memory only unless
-    ``--cache-dir``: a directory, or ``temp`` for a fresh temporary one), then ``main``."""
-    from bunshin.policies.registry import make_policy
-
+    ``--set`` does not name it), the policy at ``--time-scale`` (and ``--detour-p``), the prefix settings (in
+    memory only unless ``--cache-dir``: a directory, or ``temp`` for a fresh temporary one), the speculation
+    settings (``--spec-*``), then ``main``."""
     from .. import event_loop
+    from ..cli import budgets, spec_settings
     from ..prefix.settings import PrefixSettings
 
     suite_scaled = "time_scale" not in dict(args.set) and suite_takes_time_scale(args.suite)
     if suite_scaled:
         args.set = [*args.set, ("time_scale", args.time_scale)]
-    suite, policy = make_suite(args), make_policy(args.policy, args.time_scale)
+    try:
+        policy = bench_policy(args.policy, args.time_scale, args.detour_p)
+    except BadRequest as exc:
+        raise SystemExit(f"bunshin bench epoch: {exc}") from exc
+    suite = make_suite(args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-              if k not in ("command", "bench", "set")}
+              if k not in ("command", "bench", "set", "subparser")}
     config["suite_time_scale"] = dict(args.set).get("time_scale")
-    from ..cli import budgets
+    speculation = spec_settings(args, "bunshin bench epoch")
 
     with tempfile.TemporaryDirectory(prefix="bunshin-epoch-cache-", dir="/var/tmp") as scratch:
         cache_dir = {"none": None, "temp": Path(scratch)}.get(args.cache_dir, Path(args.cache_dir))
@@ -293,7 +431,7 @@ def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
         try:
             return event_loop.run(main(suite, policy, args.modes, args.epochs, tasks=args.tasks,
                                        group_size=args.group_size, seed=args.seed, settings=settings,
-                                       engine_kwargs=engine_kwargs, json_path=args.json, plots=args.plots,
-                                       config=config))
+                                       speculation=speculation, engine_kwargs=engine_kwargs, json_path=args.json,
+                                       plots=args.plots, config=config))
         except BadRequest as exc:
             raise SystemExit(f"bunshin bench epoch: {exc}") from exc

@@ -2,13 +2,17 @@
 
 Owns: which tasks run (the suite's, or a tasks file's ids, less those the policy refuses, then ``--limit``), the
 progress display, the summary (table on stdout, ``summary.json``, and every task file not run with the reason: the
-suite's refusals of a ``--task-dir``, then the policy's) and ``trajectories.jsonl``.
+suite's refusals of a ``--task-dir``, then the policy's) and ``trajectories.jsonl``. The summary always has the
+steps by source (``steps_by_source``: executed, cached, rebuilt, speculated, from the trajectories) and
+``speculation`` (the engine's ``speculation_statistics()``; None without ``--speculate``); with speculation on,
+a second table shows its accuracy, tool-seconds and the branches' peak memory.
 Must never: lose a finished rollout: trajectories are appended to the file as they finish; nor drop a refused task
 file silently: each is in ``summary["refused"]`` and on stdout.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -23,6 +27,7 @@ from ..bench.report import human_bytes, markdown_table, write_json
 from ..prefix.settings import PrefixSettings
 from ..records import Status, Trajectory
 from ..rollout import RolloutEngine
+from ..speculation.settings import SpecSettings
 
 
 class Progress:
@@ -78,6 +83,36 @@ def prefix_summary(trajectories: list[Trajectory], cache: dict[str, Any]) -> dic
                                             "writer_backlog", "evicted_hot", "evicted_cold", "disk_bytes")}}
 
 
+SOURCES = ("executed", "cached", "rebuilt", "speculated")
+
+
+def steps_by_source(trajectories: list[Trajectory]) -> dict[str, int]:
+    """Steps by where their result came from (a source not in ``SOURCES`` is counted under its own name)."""
+    counts = dict.fromkeys(SOURCES, 0)
+    for t in trajectories:
+        for s in t.steps:
+            counts[s.source] = counts.get(s.source, 0) + 1
+    return counts
+
+
+def speculation_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The speculation table's one row: the statistics (as the engine gave them) and the steps by source."""
+    spec, steps = summary["speculation"], summary["steps_by_source"]
+    rate = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    peak = spec.get("branch_bytes_peak")
+    return [{**{f"steps_{k}": v for k, v in steps.items()}, "top1": rate(spec.get("spec_top1")),
+             "topk": rate(spec.get("spec_topk")),
+             "branches": f"{spec.get('speculated', 0)} / {spec.get('adopted', 0)} / {spec.get('wasted', 0)}",
+             "adopted_s": spec.get("adopted_s", 0.0), "hidden_s": spec.get("hidden_s", 0.0),
+             "wasted_s": spec.get("wasted_s", 0.0), "peak": "-" if peak is None else human_bytes(peak)}]
+
+
+SPECULATION_COLUMNS = [("steps_executed", "executed steps"), ("steps_cached", "cached"), ("steps_rebuilt", "rebuilt"),
+                       ("steps_speculated", "speculated"), ("top1", "top-1"), ("topk", "top-k"),
+                       ("branches", "branches started / adopted / wasted"), ("adopted_s", "adopted tool-s"),
+                       ("hidden_s", "hidden tool-s"), ("wasted_s", "wasted tool-s"), ("peak", "branches' peak")]
+
+
 def runnable(tasks: dict[str, SuiteTask], ids: list[str] | None, policy: Policy,
              refused: list[Refusal]) -> tuple[list[str], list[Refusal]]:
     """The ids to run (``ids``, or every task, in order) without those ``policy`` refuses, and every task file not
@@ -102,12 +137,21 @@ def print_refused(refused: list[Refusal]) -> None:
 async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path | None = None,
                    limit: int | None = None, group_size: int = 4, concurrency: int = 8,
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
-                   max_steps: int = 40, prefix: PrefixSettings | None = None) -> dict[str, Any]:
+                   max_steps: int = 40, prefix: PrefixSettings | None = None,
+                   speculation: SpecSettings | None = None) -> dict[str, Any]:
+    """``speculation``: speculative tool execution's settings (None: off); refused with ``SystemExit`` by an
+    engine that cannot speculate."""
+    kwargs: dict[str, Any] = {"prefix": prefix}
+    if speculation is not None:
+        if "speculation" not in inspect.signature(RolloutEngine).parameters:
+            raise SystemExit("bunshin eval: --speculate: this engine has no speculation yet "
+                             "(RolloutEngine takes no speculation=)")
+        kwargs["speculation"] = speculation
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
     async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, memory_budget=memory_budget,
-                             max_steps=max_steps, prefix=prefix) as engine:
+                             max_steps=max_steps, **kwargs) as engine:
         ids = None
         if tasks_file is not None:
             ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
@@ -126,9 +170,13 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                 progress.update(result.trajectory, engine.meter.now())
         wall = time.monotonic() - started
         cache = engine.prefix_statistics()
+        spec = getattr(engine, "speculation_statistics", lambda: None)()
+        spec = await spec if inspect.isawaitable(spec) else spec
     summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
     if cache is not None:
         summary["prefix"] = prefix_summary(trajectories, cache)
+    summary["steps_by_source"] = steps_by_source(trajectories)
+    summary["speculation"] = dict(spec) if spec is not None else None
     summary["refused"] = msgspec.to_builtins(refused)
     write_json(out / "summary.json", summary)
     print(markdown_table([{**summary, "peak": human_bytes(summary["peak_memory_bytes"]),
@@ -145,6 +193,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                               ("steps_rebuilt", "rebuilt"), ("hit", "hit rate"), ("tool_s_skipped", "tool s skipped"),
                               ("nodes_hot", "nodes hot"), ("nodes_cold", "nodes cold"), ("hot", "snapshots"),
                               ("written", "checkpoints written (of full)")]))
+    if summary["speculation"] is not None:
+        print(markdown_table(speculation_rows(summary), SPECULATION_COLUMNS))
     if summary["failed"]:
         print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
                                                        if k != Status.OK))

@@ -166,6 +166,7 @@ class SampleSpeculation:
         finally:
             if branch.finished is None and branch.started is not None and not branch.failed:
                 branch.failed = True  # cancelled mid-call
+            self._release(branch)  # a slot bounds branches at work; a finished one holds only memory (the budget)
             branch.done.set()
 
     async def _extend(self, branch: Branch, step: int, calls: tuple[str, ...]) -> None:
@@ -213,20 +214,22 @@ class SampleSpeculation:
         label = label_of(call)
         self._score(label)
         branch, self.current = self.current, None
-        if not adopt or branch is None or branch.label != label or branch.failed:
+        if (not adopt or branch is None or branch.label != label or branch.failed
+                or branch.started is None):  # its call has not started (no slot yet): running it here is faster
             await self._stop()
             if branch is not None:
                 self._discard(branch)
             await self._settle_prep()
             return None
+        self._release(branch)  # the sample's real call from here: no preemption takes it while it finishes
+        branch.adopted = True
         await branch.done.wait()
         if branch.failed or branch.ws is None:
             await self._stop()
+            branch.adopted = False
             self._discard(branch)
             await self._settle_prep()
             return None
-        self._release(branch)  # it is the sample's from here: no preemption can take it while we wait below
-        branch.adopted = True
         if branch.child is None or branch.child.ws is None:  # the child had not forked yet: not worth keeping
             await self._stop()
             if branch.child is not None:
