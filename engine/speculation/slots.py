@@ -1,7 +1,9 @@
 """Speculation slots: a bounded number of branches at once, within a memory budget, highest priority first.
 
-Owns: ``SpecSlots``. ``acquire(priority, preempt)`` waits for a slot: granted at once when one is free and the
-branches' memory is under the budget; when every slot is taken, a request whose priority is clearly higher than the
+Owns: ``SpecSlots``. A slot bounds the branches at work (forking and running their call); a finished branch waiting
+for the real call holds no slot, only memory, which the budget bounds (every live branch counts). ``acquire(priority,
+preempt)`` waits for a slot: granted at once when one is free and the branches' memory, with the new one's, stays
+within the budget; when every slot is taken, a request whose priority is clearly higher than the
 lowest running grant's (``PREEMPT_MARGIN``) takes that grant's slot, and the grant's ``preempt`` callback is called
 (its branch is cancelled); otherwise the request waits, and freed slots go to the waiting request of highest
 priority. Priority is tail priority (``tail.py``): the predicted seconds until the sample ends.
@@ -37,7 +39,8 @@ class SpecSlots:
         self.preempted = 0
 
     def _memory_left(self) -> bool:
-        return self.memory_budget is None or self.used_memory() < self.memory_budget
+        """``used_memory()`` counts the branches alive and the one asking (``Speculator.reserved_bytes``)."""
+        return self.memory_budget is None or self.used_memory() <= self.memory_budget
 
     async def acquire(self, priority: float, preempt: Callable[[], None]) -> Grant:
         while True:

@@ -30,6 +30,7 @@ from .slots import SpecSlots
 from .tail import TailPredictor
 
 MEASURE_EVERY_S = 0.5
+INITIAL_ESTIMATE = 32 << 20  # a web-shop branch's charge after one page: 20 to 35 MiB measured
 
 
 def selector_namespace(suite: Suite) -> str:
@@ -47,10 +48,12 @@ class Speculator:
         self.tail = TailPredictor()
         self.branches: dict[str, Workspace] = {}  # live branch workspaces by id
         self._bytes: dict[str, int] = {}
-        self.slots = SpecSlots(settings.slots, settings.memory_budget, self.branch_bytes)
+        self.slots = SpecSlots(settings.slots, settings.memory_budget, self.reserved_bytes)
         self.counts: collections.Counter[str] = collections.Counter()
         self.seconds: collections.Counter[str] = collections.Counter()
         self.bytes_peak = 0
+        self.estimate = INITIAL_ESTIMATE  # what a branch comes to hold: the largest charge seen lately
+        self._recent: collections.deque[int] = collections.deque(maxlen=64)
         self._measuring: asyncio.Task[None] | None = None
 
     async def open(self, tasks: list[SuiteTask]) -> None:
@@ -82,12 +85,21 @@ class Speculator:
     def branch_closed(self, ws: Workspace | None) -> None:
         if ws is not None:
             self.branches.pop(ws.id, None)
-            self._bytes.pop(ws.id, None)
+            measured = self._bytes.pop(ws.id, 0)
+            if measured:
+                self._recent.append(measured)
+                self.estimate = max(self._recent)
 
     def branch_bytes(self) -> int:
         """The branches' private memory at the last measurement (each branch's cgroup charge: the pages it has
         written since its fork, page tables and kernel memory; pages shared with the sample are not charged)."""
         return sum(self._bytes.values())
+
+    def reserved_bytes(self) -> int:
+        """What the memory budget counts: every live branch at its measured charge or, until it has grown to it,
+        at what branches came to hold lately (a branch just forked holds nothing yet but will), plus one more
+        such branch (the one asking)."""
+        return sum(max(b, self.estimate) for b in self._bytes.values()) + self.estimate
 
     async def _measure(self) -> None:
         while True:
