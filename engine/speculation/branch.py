@@ -259,7 +259,7 @@ class SampleSpeculation:
         self.speculator.counts["adopted"] += 1
         assert branch.started is not None and branch.finished is not None
         stats["adopted_s"] += branch.finished - branch.started
-        stats["hidden_s"] += max(0.0, min(branch.finished, self.decided_at) - branch.started)
+        stats["hidden_s"] += self.hidden_s(branch)
         self.speculator.branch_closed(branch.ws)  # the sample's now: its memory is the sample's
 
     def waited_s(self, branch: Branch) -> float:
