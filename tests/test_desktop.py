@@ -335,6 +335,24 @@ async def test_a_fake_unittest_module_does_not_pass_the_project_tests(runtime, s
 
 
 @pytest.mark.asyncio
+async def test_a_fix_saved_within_the_second_of_the_last_test_run_is_what_the_next_run_tests(runtime,
+                                                                                           suite: DesktopSuite) -> None:
+    """CPython trusts a cached ``.pyc`` whose source has the same size and the same whole-second mtime. With no
+    modelled latency an agent fixes a same-length bug (``a + b`` for ``a - b``) within a second of the failing run,
+    so a cached bytecode would answer for the old source (it did, in CI). Agent commands write no bytecode; the
+    mtime is pinned here to make the same second certain."""
+    task = first(suite, "project_tests", 0)
+    *steps, final = task.reference
+    assert steps[2].name == "editor_replace" and len(steps[2].args["find"]) == len(steps[2].args["replace"])
+    pin = C("terminal", command="touch -d @1700000000 ~/project/calc/ops.py")
+    ws = await runtime.create(suite.app(task))
+    await suite.start(ws, task)
+    await run(ws, [pin, steps[0], *steps[1:4], pin, steps[4]])
+    assert "Ran 6 tests" in (out := (await ws.execute(C("_terminal_output"))).output) and out.rstrip().endswith("OK")
+    assert await suite.evaluate(ws, task, final) == 1.0
+
+
+@pytest.mark.asyncio
 async def test_a_runaway_formula_is_an_error_value_and_the_desktop_goes_on(runtime, suite: DesktopSuite) -> None:
     ws = await runtime.create(suite.app())
     await run(ws, [C("sheet_open", path="~/Documents/budget.csv")])

@@ -29,6 +29,11 @@ AGENT_ENV = {
     "USER": image.AGENT_USER,
     "LANG": "C.UTF-8",
     "TERM": "dumb",
+    # CPython trusts a cached .pyc whose source has the same size and whole-second mtime: an edit of the same
+    # length saved within a second of the last run (agents act that fast when no latency is modelled) would run
+    # the old bytecode. Agents' interpreters write none; an isolated run (-I, the graders') still may, after the
+    # agent is done.
+    "PYTHONDONTWRITEBYTECODE": "1",
 }
 AGENT_OOM_SCORE_ADJ = 800
 
