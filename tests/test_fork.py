@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bunshin.envs import ForkFailed, RequestRefused, Snapshot, ToolCall, Workspace, WorkspaceRuntime
+from bunshin.envs import AppSpec, ForkFailed, RequestRefused, Snapshot, ToolCall, Workspace, WorkspaceRuntime
 from bunshin.envs.runtime.cgroups import Cgroup
 
 from .conftest import heap_app
@@ -181,3 +181,18 @@ async def test_agent_jobs_are_frozen_for_the_fork_and_run_on_after(runtime: Work
     before = int(await out(ws, count))
     await asyncio.sleep(0.3)
     assert int(await out(ws, count)) > before  # and the source's job was thawed after the fork
+
+
+async def test_a_clone_that_renders_once_more_does_not_copy_the_render_buffers(runtime: WorkspaceRuntime) -> None:
+    """A tool that fills and frees a large buffer at every call (a page's render). The source has run it before
+    the fork; the clone runs it once more and keeps almost nothing: the buffer is a mapping of its own, given back
+    when freed (``host.fork_friendly_malloc``), not heap pages shared with the source and rewritten, which the
+    clone would keep a copy of (8 MiB here: glibc raises its mmap threshold to a block once it was freed)."""
+    source = await runtime.create(AppSpec(target="tests.apps.probe:ProbeApp"))
+    scratch = ToolCall(name="scratch", args={"nbytes": 8 << 20, "times": 3})
+    assert (await source.execute(scratch)).error is None
+    clone = await source.fork()
+    before = clone.memory().private
+    assert (await clone.execute(scratch)).error is None
+    grown = clone.memory().private - before
+    assert grown < 2 << 20, f"the clone kept {grown / 2**20:.1f} MiB after one render"

@@ -246,6 +246,18 @@ def _descriptors(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+MALLOC_MMAP_THRESHOLD = 128 << 10  # glibc's own starting value, kept fixed
+
+
+def fork_friendly_malloc() -> None:
+    """Allocations of ``MALLOC_MMAP_THRESHOLD`` and more get pages of their own, given back when freed. glibc
+    otherwise raises the threshold to the largest block freed so far (up to 32 MiB), and a page's render buffers
+    come from the heap and are reused: a live fork that renders once more rewrites those shared pages and pays a
+    copy of each (measured on the web shop: a branch's charge after one click 43 -> 26 MiB, after a typed text
+    16 -> 7 MiB). Workers are forks of the host and keep the setting."""
+    syscalls.mallopt(syscalls.M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The host process: its descriptors come from the nursery; it dies with it (parent-death signal)."""
     parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.host", description=__doc__)
@@ -253,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, type=kind, required=True)
     args = parser.parse_args(argv)
     syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    fork_friendly_malloc()
     sock = socket.socket(fileno=args.channel)
     sock.setblocking(True)
     body, _ = recv_frame(sock)

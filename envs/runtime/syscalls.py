@@ -1,7 +1,7 @@
 """Thin ctypes bindings for the Linux system calls the workspace runtime needs and Python's os module lacks.
 
-Owns: mount(2), umount2(2), pivot_root(2), unshare(2), setns(2), sethostname(2), prctl(2) and their flag
-constants. Every failure raises OSError with the errno and the call's arguments in the message.
+Owns: mount(2), umount2(2), pivot_root(2), unshare(2), setns(2), sethostname(2), prctl(2), glibc's mallopt(3)
+and their flag constants. Every failure raises OSError with the errno and the call's arguments in the message.
 Must never: hold state, or decide policy; callers compose these calls.
 """
 
@@ -42,12 +42,17 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 PR_SET_NO_NEW_PRIVS = 38
 
+# mallopt parameters (glibc malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.syscall.restype = ctypes.c_long
 
 _SYS_PIVOT_ROOT = 155  # x86-64
@@ -100,6 +105,12 @@ def sethostname(name: str) -> None:
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
     return _check(_libc.prctl(option, arg2, arg3, arg4, arg5), f"prctl({option}, {arg2})")
+
+
+def mallopt(param: int, value: int) -> None:
+    """glibc's mallopt(3): it returns 0 on error and sets no errno."""
+    if _libc.mallopt(param, value) != 1:
+        raise OSError(f"mallopt({param}, {value}) failed")
 
 
 def open_tree_clone(path: str) -> int:
