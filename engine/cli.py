@@ -36,6 +36,25 @@ def budget_of(value: str) -> int | str | None:
     return None if text in ("none", "unbounded") else DEFAULT if text == DEFAULT else nbytes_of(value)
 
 
+def spec_memory_of(value: str) -> tuple[str, float] | str | None:
+    """``--spec-memory``: ``10%`` (the branches may lift the run's memory this far above the most it held without
+    them), ``256M`` (bytes the branches may hold), ``none`` (unbounded); ``default``: the flag was left out."""
+    text = value.strip().lower()
+    if text in ("none", "unbounded"):
+        return None
+    if text == DEFAULT:
+        return DEFAULT
+    if text.endswith("%"):
+        try:
+            return ("headroom", float(text[:-1]) / 100)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"bad percentage {value!r}") from exc
+    try:
+        return ("bytes", nbytes_of(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad size {value!r}: use BYTES (256M), P% (10%) or none") from exc
+
+
 def _sizes(text: str) -> list[int]:
     try:
         return [nbytes_of(s) for s in text.split(",") if s]
@@ -134,8 +153,11 @@ def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> ob
     for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train")):
         if getattr(args, name, None) is not None:
             kwargs[key] = getattr(args, name)
-    if getattr(args, "spec_memory", DEFAULT) != DEFAULT:
-        kwargs["memory_budget"] = args.spec_memory
+    memory = getattr(args, "spec_memory", DEFAULT)
+    if memory != DEFAULT:
+        kind, amount = memory if memory is not None else (None, None)
+        kwargs["memory_headroom"] = amount if kind == "headroom" else None
+        kwargs["memory_budget"] = int(amount) if kind == "bytes" else None  # type: ignore[arg-type]
     if getattr(args, "spec_readonly", False):
         kwargs["read_only"] = True
     if getattr(args, "prefix_cache", False) and getattr(args, "cache_dir", None) is not None:
@@ -153,9 +175,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> Non
                         help=f"{need}: speculative branches running at once, tail samples first (default 4)")
     parser.add_argument("--spec-threshold", type=float, metavar="P",
                         help=f"{need}: the probability the selector's first prediction must reach (default 0.5)")
-    parser.add_argument("--spec-memory", type=budget_of, default=DEFAULT, metavar="BYTES",
-                        help=f"{need}: private memory the branches may hold together (default 256M; none: "
-                             "unbounded)")
+    parser.add_argument("--spec-memory", type=spec_memory_of, default=DEFAULT, metavar="P%|BYTES",
+                        help=f"{need}: memory for the branches: P%% lets them lift the run's memory at most P%% above "
+                             "the most it has held without them (default 10%%), BYTES caps what they hold together "
+                             "(256M), none: unbounded")
     parser.add_argument("--spec-train", type=Path, metavar="FILE",
                         help=f"{need}: recorded trajectories (JSON Lines, as eval's trajectories.jsonl) the "
                              "selector learns from before the first rollout")

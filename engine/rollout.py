@@ -105,8 +105,9 @@ class RolloutEngine:
                                                 restore=self.runtime.restore_image)
                 await self.prefix_cache.open(list(self.tasks.values()))
             if self.speculation is not None:
-                self.speculator = Speculator(self.speculation, self.suite)
-                await self.speculator.open(list(self.tasks.values()))
+                self.speculator = Speculator(self.speculation, self.suite, self.meter.now)
+                history = self.prefix_cache.history() if self.prefix_cache is not None else ()
+                await self.speculator.open(list(self.tasks.values()), history)
         except BaseException:
             await self._close_speculator()
             await self._close_cache()

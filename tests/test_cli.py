@@ -133,8 +133,11 @@ def test_speculation_flags_build_spec_settings(tmp_path: Path) -> None:
     train.write_text("")
     assert spec_settings(parse(*EVAL, "--speculate", "--spec-slots", "2", "--spec-threshold", "0.3",
                                "--spec-memory", "64M", "--spec-train", str(train), "--spec-readonly")) == SpecSettings(
-        slots=2, threshold=0.3, memory_budget=64 << 20, train_file=train, read_only=True)
-    assert spec_settings(parse(*EVAL, "--speculate", "--spec-memory", "none")).memory_budget is None
+        slots=2, threshold=0.3, memory_budget=64 << 20, memory_headroom=None, train_file=train, read_only=True)
+    unbounded = spec_settings(parse(*EVAL, "--speculate", "--spec-memory", "none"))
+    assert unbounded.memory_budget is None and unbounded.memory_headroom is None
+    relative = spec_settings(parse(*EVAL, "--speculate", "--spec-memory", "25%"))
+    assert relative.memory_budget is None and relative.memory_headroom == 0.25
     # the selector is saved with the prefix cache's directory
     assert spec_settings(parse(*EVAL, "--speculate", "--prefix-cache", "--cache-dir", str(tmp_path))) == SpecSettings(
         model_dir=tmp_path)
@@ -157,6 +160,7 @@ def test_bad_speculation_flags_are_argparse_errors(tmp_path: Path, capsys) -> No
          "--spec-threshold, --spec-readonly need --speculate"),
         ((*EVAL, "--speculate", "--spec-threshold", "1.5"), "bunshin eval", "must be a probability in [0, 1]"),
         ((*EVAL, "--speculate", "--spec-slots", "0"), "bunshin eval", "slots must be >= 1"),
+        ((*EVAL, "--speculate", "--spec-memory", "2000%"), "bunshin eval", "headroom must be a fraction"),
         ((*EVAL, "--speculate", "--spec-train", str(tmp_path / "missing.jsonl")), "bunshin eval", "no such file"),
         (("bench", "epoch", "--suite", "webshop", "--modes", "base,prefix", "--spec-slots", "2"),
          "bunshin bench epoch", "need a speculating mode"),

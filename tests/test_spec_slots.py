@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from bunshin.engine.speculation.memory import BranchMemory
 from bunshin.engine.speculation.settings import SpecSettings
 from bunshin.engine.speculation.slots import PREEMPT_MARGIN, SpecSlots
 from bunshin.engine.speculation.tail import TailPredictor
@@ -15,7 +16,7 @@ from bunshin.engine.speculation.tail import TailPredictor
 
 @pytest.mark.asyncio
 async def test_no_more_grants_than_slots_and_the_highest_waiter_goes_first() -> None:
-    slots = SpecSlots(2, None, lambda: 0)
+    slots = SpecSlots(2, lambda: True)
     a = await slots.acquire(1.0, lambda: None)
     b = await slots.acquire(1.0, lambda: None)
     low = asyncio.ensure_future(slots.acquire(1.1, lambda: None))  # not enough to preempt
@@ -34,7 +35,7 @@ async def test_no_more_grants_than_slots_and_the_highest_waiter_goes_first() -> 
 @pytest.mark.asyncio
 async def test_a_clearly_higher_priority_preempts_the_lowest_running_grant() -> None:
     preempted: list[str] = []
-    slots = SpecSlots(1, None, lambda: 0)
+    slots = SpecSlots(1, lambda: True)
     low = await slots.acquire(1.0, lambda: preempted.append("low"))
     near = asyncio.ensure_future(slots.acquire(PREEMPT_MARGIN * 0.9, lambda: preempted.append("near")))
     await asyncio.sleep(0.01)
@@ -48,15 +49,67 @@ async def test_a_clearly_higher_priority_preempts_the_lowest_running_grant() -> 
 
 
 @pytest.mark.asyncio
-async def test_the_memory_budget_holds_grants_back_until_memory_falls() -> None:
-    used = [100]
-    slots = SpecSlots(4, 64, lambda: used[0])
+async def test_memory_holds_grants_back_until_it_allows_one_more() -> None:
+    allows = [False]
+    slots = SpecSlots(4, lambda: allows[0])
     waiting = asyncio.ensure_future(slots.acquire(1.0, lambda: None))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    used[0] = 10  # a branch was closed: the waiter sees it at its next look
+    allows[0] = True  # a branch was closed: the waiter sees it at its next look
     await asyncio.wait_for(waiting, 2.0)
     assert len(slots.running) == 1
+
+
+MiB = 1 << 20
+
+
+def test_a_byte_budget_counts_every_live_branch_at_its_charge_or_the_estimate() -> None:
+    memory = BranchMemory(budget=100 * MiB, headroom=None, run_memory=lambda: 10 << 30, initial_estimate=30 * MiB)
+    assert memory.allows()  # the asking branch alone: 30
+    memory.opened("a")
+    memory.opened("b")
+    assert memory.reserved() == 90 * MiB and memory.allows()
+    memory.opened("c")
+    assert not memory.allows()  # 120 > 100
+    memory.measure({"a": 5 * MiB, "b": 50 * MiB})  # a fresh branch still counts at the estimate; a grown one at its charge
+    assert memory.reserved() == (30 + 50 + 30 + 30) * MiB and memory.held() == 55 * MiB
+    memory.closed("b")  # the estimate learns from what a closed branch came to hold
+    assert memory.estimate == 50 * MiB and not memory.allows()  # 50 + 50 + 50 > 100
+    memory.closed("c")
+    assert memory.allows() and memory.peak == 55 * MiB
+
+
+def test_the_headroom_rule_keeps_the_run_within_a_fraction_above_its_high_water_mark() -> None:
+    run = [1000 * MiB]
+    memory = BranchMemory(budget=None, headroom=0.10, run_memory=lambda: run[0], initial_estimate=30 * MiB)
+    memory.measure({})
+    assert memory.high == 1000 * MiB
+    memory.opened("a")  # alone it was always allowed; now with it: 60 <= 1100 - 1000
+    assert memory.allows()
+    memory.opened("b")
+    memory.opened("c")
+    memory.opened("d")
+    assert not memory.allows()  # 150 > 100: at the peak the branches get h of it
+    run[0] = 1000 * MiB + 30 * MiB  # what the run reads includes what its branches hold
+    memory.measure({"a": 30 * MiB})
+    assert memory.high == 1000 * MiB  # the branches are not the run's high-water mark
+    run[0] = 600 * MiB  # the last rollouts: the run holds less, the branches may use what it has shown it needs
+    assert memory.allows() and memory.reserved() <= 1100 * MiB - (600 - 30) * MiB
+    nobody = BranchMemory(budget=None, headroom=0.0, run_memory=lambda: 50 * MiB, initial_estimate=30 * MiB)
+    assert nobody.allows()  # with no branch alive one may always start, even with no headroom at all
+    nobody.opened("x")
+    assert not nobody.allows()
+
+
+def test_both_rules_apply_and_neither_is_unbounded() -> None:
+    both = BranchMemory(budget=40 * MiB, headroom=10.0, run_memory=lambda: 1 << 30, initial_estimate=30 * MiB)
+    both.measure({})
+    both.opened("a")
+    assert not both.allows()  # the headroom would allow it; the budget does not
+    free = BranchMemory(budget=None, headroom=None, run_memory=lambda: 1 << 40)
+    for i in range(100):
+        free.opened(i)
+    assert free.allows()
 
 
 def test_tail_predictor_conditions_on_the_steps_already_taken() -> None:
@@ -84,6 +137,22 @@ def test_tail_rank_correlation_is_measured_from_settled_predictions() -> None:
     assert "x" not in tail.pending
 
 
+def test_spearman_agrees_with_scipy_with_and_without_ties() -> None:
+    import random
+
+    from scipy.stats import spearmanr
+
+    from bunshin.engine.speculation.tail import spearman
+
+    rng = random.Random(0)
+    print("seed 0")
+    for n in (3, 10, 200):
+        xs = [rng.randint(0, 5) for _ in range(n)]  # ties
+        ys = [x + rng.random() * 3 for x in xs]
+        assert spearman(xs, ys) == pytest.approx(float(spearmanr(xs, ys).statistic))
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+
+
 def test_settings_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="slots"):
         SpecSettings(slots=0)
@@ -91,3 +160,5 @@ def test_settings_refuse_nonsense() -> None:
         SpecSettings(threshold=1.5)
     with pytest.raises(ValueError, match="memory budget"):
         SpecSettings(memory_budget=-1)
+    with pytest.raises(ValueError, match="headroom"):
+        SpecSettings(memory_headroom=-0.1)

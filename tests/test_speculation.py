@@ -195,3 +195,30 @@ async def test_cancelling_rollouts_with_branches_in_flight_leaves_nothing_behind
         assert engine.speculation_statistics()["branches_running"] == 0  # type: ignore[index]
         runtime = engine.runtime
     await assert_no_leaks(runtime)
+
+
+async def test_a_selector_without_a_saved_model_learns_the_history_of_a_loaded_prefix_tree(state_dir: Path,
+                                                                                           tmp_path: Path) -> None:
+    """A cache directory written by a run without speculation holds the tree, not a selector: the next run's
+    selector learns the tree's calls before its first rollout and predicts from the first decision; once a
+    selector is saved there, it is loaded instead (the tree is not learned twice)."""
+    policy = GroundedPolicy(detour_p=0.0, time_scale=0.0)
+    prefix = PrefixSettings(cache_dir=tmp_path / "cache")
+    async with RolloutEngine(shop(), policy, concurrency=4, state_dir=state_dir, prefix=prefix) as engine:
+        ids = one_per_template(engine)[:2]
+        first = [r.trajectory for r in await engine.run(engine.requests(ids, group_size=2, seed=0))]
+    calls = sum(len(t.steps) for t in first)
+    spec = SpecSettings(retrain_every=10**6)
+    async with RolloutEngine(shop(), policy, concurrency=4, state_dir=state_dir, prefix=prefix,
+                             speculation=spec) as engine:
+        learned = engine.speculation_statistics()["examples"]  # type: ignore[index]
+        assert 0 < learned <= calls * 8, (learned, calls)  # every node, weighted by its uses
+        await engine.run(engine.requests(ids, group_size=2, seed=1))
+        stats = engine.speculation_statistics()
+        assert stats is not None and stats["top1_hits"] > 0 and stats["retrains"] >= 1
+        runtime = engine.runtime
+    await assert_no_leaks(runtime)
+    async with RolloutEngine(shop(), policy, concurrency=4, state_dir=state_dir, prefix=prefix,
+                             speculation=spec) as engine:
+        again = engine.speculation_statistics()["examples"]  # type: ignore[index]
+    assert again == learned + stats["decisions"]  # what was saved: the history once, and the run's decisions

@@ -19,7 +19,8 @@ import functools
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,18 @@ class NonDeterministicTool(EngineError):
         self.call, self.depth = call, depth
         super().__init__(f"replaying {canonical(call).decode()} (step {depth}) answered differently than when it "
                          f"was cached: the tool is not deterministic; its prefix-tree node no longer serves")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One call of the tree's history (``PrefixCache.history``): ``calls`` led to ``observation``, then ``call``
+    was issued; ``uses``: its node's hits plus the execution that made it."""
+
+    task: SuiteTask
+    calls: tuple[ToolCall, ...]
+    observation: Observation
+    call: ToolCall
+    uses: int
 
 
 def served(node: Node) -> Served:
@@ -354,6 +367,25 @@ class PrefixCache:
     def keep_reward(self, node: Node | None, final: ToolCall, reward: float) -> None:
         if node is not None and not node.dead:
             self.rewards[(node.id, canonical(final))] = reward
+
+    # -- history --------------------------------------------------------------------------------------------------
+    def history(self) -> Iterator[Turn]:
+        """Every call the tree holds, as the turn it was: the task, the calls before it, the observation they led
+        to, and how often the call's node was served (what the Spec Tool Selector learns from a loaded tree; a
+        tree records no final actions). Only namespaces of this run's tasks."""
+        for ns, root in self.tree.roots.items():
+            task = self.tasks.get(ns)
+            if task is None or root.dead:
+                continue
+            stack: list[tuple[Node, tuple[ToolCall, ...], Observation]] = [
+                (root, (), msgspec.convert(root.observation, Observation))]
+            while stack:
+                node, calls, seen = stack.pop()
+                for child in node.children.values():
+                    if child.dead or child.call is None:
+                        continue
+                    yield Turn(task=task, calls=calls, observation=seen, call=child.call, uses=1 + child.hits)
+                    stack.append((child, (*calls, child.call), served(child).observation))
 
     # -- metrics --------------------------------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:

@@ -75,6 +75,8 @@ class SampleSpeculation:
         self.seed, self.execute, self.call_timeout_s = seed, execute, call_timeout_s
         self.situation: Situation | None = None
         self.predictions: list[Prediction] | None = None
+        self.predicting: asyncio.Future[list[Prediction]] | None = None  # this decision's prediction
+        self._predictions: set[asyncio.Future[list[Prediction]]] = set()  # not yet come, this one or earlier
         self.current: Branch | None = None  # the branch for the call being decided
         self.pending: Branch | None = None  # a depth-2 branch carried over from the last adoption
         self.jobs: set[asyncio.Task[None]] = set()  # this step's speculation, and a carried branch's run
@@ -96,6 +98,9 @@ class SampleSpeculation:
             self.speculator.tail.step_took(now - self.step_started)
         self.step_started = now
         self.situation, self.predictions = situation, None
+        self.predicting = asyncio.ensure_future(self.speculator.selector.predict(situation))
+        self._predictions.add(self.predicting)
+        self.predicting.add_done_callback(self._predicted)
         carried, self.pending = self.pending, None
         if carried is not None:
             carried.p = carried.own_p  # the call before it has matched
@@ -103,13 +108,20 @@ class SampleSpeculation:
         self.jobs.add(job)
         job.add_done_callback(self.jobs.discard)
 
+    def _predicted(self, predicting: asyncio.Future[list[Prediction]]) -> None:
+        if not predicting.cancelled() and predicting.exception() is not None:
+            log.warning("spec tool selector: no prediction: %s", predicting.exception())
+        self._predictions.discard(predicting)
+
     async def _speculate(self, situation: Situation, workspace: Callable[[], Awaitable[Workspace]],
                          serves: Callable[[ToolCall], bool], carried: Branch | None) -> None:
         stats = self.speculator.counts
-        try:
-            self.predictions = await self.speculator.selector.predict(situation)
-        except Exception as exc:  # a selector that cannot predict costs this step its speculation, nothing more
-            log.warning("spec tool selector: no prediction: %s", exc)
+        assert self.predicting is not None
+        try:  # shielded: cancelling this job (the real call came) leaves the prediction to be scored
+            self.predictions = await asyncio.shield(self.predicting)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a selector that cannot predict costs this step its speculation, nothing more
             self.predictions = []
         if carried is not None:  # a branch for this call is already running or done
             self.current = carried
@@ -241,18 +253,29 @@ class SampleSpeculation:
         self._adopted(branch)
         return branch
 
-    def _score(self, label: str | None) -> None:
-        """Top-1 and top-k of the predictions made for this decision; the example goes to the selector."""
-        stats = self.speculator.counts
-        stats["decisions"] += 1
-        predictions = self.predictions or []
-        if predictions:
-            stats["predicted"] += 1
-            labels = [p.label for p in predictions]
-            stats["top1_hits"] += labels[0] == label
-            stats["topk_hits"] += label in labels
+    def _score(self, label: str) -> None:
+        """Top-1 and top-k of the predictions made for this decision (scored when they come if the real call came
+        first: the selector's accuracy does not depend on how fast the model decided); the example goes to the
+        selector."""
+        self.speculator.counts["decisions"] += 1
+        predicting = self.predicting
+        if predicting is not None and predicting.done():
+            self._tally(predicting, label)
+        elif predicting is not None:
+            self.speculator.counts["late_predictions"] += 1
+            predicting.add_done_callback(lambda done: self._tally(done, label))
         if self.situation is not None:
             self.speculator.selector.learn(self.situation, label)
+
+    def _tally(self, predicting: asyncio.Future[list[Prediction]], label: str) -> None:
+        if predicting.cancelled() or predicting.exception() is not None:
+            return
+        stats = self.speculator.counts
+        labels = [p.label for p in predicting.result()]
+        if labels:
+            stats["predicted"] += 1
+            stats["top1_hits"] += labels[0] == label
+            stats["topk_hits"] += label in labels
 
     def _adopted(self, branch: Branch) -> None:
         stats = self.speculator.seconds
@@ -335,6 +358,10 @@ class SampleSpeculation:
                 if branch is not None:
                     self._discard(branch)
             self.current = self.pending = None
+            for predicting in list(self._predictions):  # scored as misses: the rollout has ended
+                predicting.cancel()
+            if self._predictions:
+                await asyncio.wait(list(self._predictions))
             prep, self.prep = self.prep, None
             if prep is not None and not prep.done():
                 prep.cancel()

@@ -15,6 +15,7 @@ from pathlib import Path
 STATISTICS = {
     "decisions": "tool calls and final actions the policy decided while speculation was on",
     "predicted": "decisions the selector had a prediction for (any probability)",
+    "late_predictions": "decisions that came before their prediction (scored when it came; no branch for them)",
     "top1_hits": "decisions whose call was the selector's first prediction",
     "topk_hits": "decisions whose call was among the selector's top k",
     "spec_top1": "top1_hits / decisions",
@@ -31,21 +32,24 @@ STATISTICS = {
     "wasted_s": "tool-seconds spent in branches thrown away (a cancelled call counts until cancelled)",
     "branch_bytes_peak": "the most private memory the branches held at once",
     "branch_bytes": "gauge: private memory the branches hold now",
+    "run_bytes_high": "gauge: the most the run has held without its branches (what the headroom rule is relative to)",
     "branches_running": "gauge: branches alive now",
     "retrains": "times the selector was retrained in the background",
     "examples": "gauge: examples the selector has learned from",
     "tail_rank_rho": "how well tail priority ordered the samples: Spearman's rho between predicted and actual "
                      "remaining steps, over every prediction made (None before any rollout finished)",
 }
-GAUGES = ("branch_bytes", "branches_running", "examples", "branch_bytes_peak", "spec_top1", "spec_topk",
-          "tail_rank_rho")
+GAUGES = ("branch_bytes", "branches_running", "examples", "branch_bytes_peak", "run_bytes_high", "spec_top1",
+          "spec_topk", "tail_rank_rho")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SpecSettings:
     """``slots``: branches running at once (tail samples first: ``tail.py``); ``threshold``: the probability the
-    selector's first prediction must reach to be speculated; ``memory_budget``: bytes of private memory the
-    branches may hold together (None: unbounded); ``read_only``: speculate only calls the suite declares read-only
+    selector's first prediction must reach to be speculated; ``memory_headroom``: the branches may lift the run's
+    memory at most this fraction above the most the run has held without them (None: no such rule);
+    ``memory_budget``: bytes the branches may hold together (None: no such cap); both None: unbounded
+    (``memory.py``); ``read_only``: speculate only calls the suite declares read-only
     (``Suite.read_only``), as systems without forks must; ``depth``: predicted calls one branch runs in a row when
     the next prediction also clears the threshold; ``top_k``: predictions kept for top-k accuracy;
     ``train_file``: recorded trajectories (JSON Lines) the selector learns from before the first rollout;
@@ -54,7 +58,8 @@ class SpecSettings:
 
     slots: int = 4
     threshold: float = 0.5
-    memory_budget: int | None = 256 << 20
+    memory_headroom: float | None = 0.10
+    memory_budget: int | None = None
     read_only: bool = False
     depth: int = 2
     top_k: int = 3
@@ -67,6 +72,8 @@ class SpecSettings:
             raise ValueError(f"speculation slots must be >= 1, got {self.slots}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"speculation threshold must be a probability in [0, 1], got {self.threshold}")
+        if self.memory_headroom is not None and not 0.0 <= self.memory_headroom <= 10.0:
+            raise ValueError(f"speculation memory headroom must be a fraction in [0, 10], got {self.memory_headroom}")
         if self.memory_budget is not None and self.memory_budget < 0:
             raise ValueError(f"speculation memory budget must be >= 0 bytes, got {self.memory_budget}")
         if self.depth < 1 or self.top_k < 1 or self.retrain_every < 1:

@@ -1,9 +1,9 @@
 """Speculation slots: a bounded number of branches at once, within a memory budget, highest priority first.
 
 Owns: ``SpecSlots``. A slot bounds the branches at work (forking and running their call); a finished branch waiting
-for the real call holds no slot, only memory, which the budget bounds (every live branch counts). ``acquire(priority,
-preempt)`` waits for a slot: granted at once when one is free and the branches' memory, with the new one's, stays
-within the budget; when every slot is taken, a request whose priority is clearly higher than the
+for the real call holds no slot, only memory, which ``memory_allows()`` judges (``memory.py``: every live branch
+counts). ``acquire(priority, preempt)`` waits for a slot: granted at once when one is free and memory allows one
+more branch; when every slot is taken, a request whose priority is clearly higher than the
 lowest running grant's (``PREEMPT_MARGIN``) takes that grant's slot, and the grant's ``preempt`` callback is called
 (its branch is cancelled); otherwise the request waits, and freed slots go to the waiting request of highest
 priority. Priority is tail priority (``tail.py``): the predicted seconds until the sample ends.
@@ -31,22 +31,18 @@ class Grant:
 
 
 class SpecSlots:
-    def __init__(self, slots: int, memory_budget: int | None, used_memory: Callable[[], int]):
-        self.slots, self.memory_budget, self.used_memory = slots, memory_budget, used_memory
+    def __init__(self, slots: int, memory_allows: Callable[[], bool]):
+        self.slots, self.memory_allows = slots, memory_allows
         self.running: set[Grant] = set()
         self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self.preempted = 0
 
-    def _memory_left(self) -> bool:
-        """``used_memory()`` counts the branches alive and the one asking (``Speculator.reserved_bytes``)."""
-        return self.memory_budget is None or self.used_memory() <= self.memory_budget
-
     async def acquire(self, priority: float, preempt: Callable[[], None]) -> Grant:
         while True:
-            if len(self.running) < self.slots and self._memory_left() and self._first_in_line(priority):
+            if len(self.running) < self.slots and self.memory_allows() and self._first_in_line(priority):
                 return self._grant(priority, preempt)
-            if len(self.running) >= self.slots and self._memory_left():
+            if len(self.running) >= self.slots and self.memory_allows():
                 lowest = min(self.running, key=lambda g: g.priority)
                 if priority > lowest.priority * PREEMPT_MARGIN:
                     self.release(lowest)

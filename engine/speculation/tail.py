@@ -15,7 +15,8 @@ Must never: do I/O; grow without bound (at most ``keep`` lengths per key and set
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+import math
+from collections.abc import Hashable, Sequence
 
 PRIOR_STEPS = 8.0  # before any rollout has finished: a web-shop or desktop task takes about this many calls
 
@@ -66,6 +67,30 @@ class TailPredictor:
         predicted, actual = zip(*self.settled, strict=True)
         if len(set(predicted)) < 2 or len(set(actual)) < 2:
             return None
-        from scipy.stats import spearmanr  # scikit-learn's own dependency
+        return round(spearman(predicted, actual), 4)
 
-        return round(float(spearmanr(predicted, actual).statistic), 4)
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation: Pearson's of the ranks (here, not scipy's: a first import of scipy.stats takes
+    seconds, and the statistics are read on the event loop)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy)
