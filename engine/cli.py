@@ -172,7 +172,7 @@ def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> ob
 def _spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:
     need = "speculating modes" if bench else "with --speculate"
     parser.add_argument("--spec-slots", type=int, metavar="N",
-                        help=f"{need}: speculative branches running at once, tail samples first (default 4)")
+                        help=f"{need}: speculative branches running at once, tail samples first (default 8)")
     parser.add_argument("--spec-threshold", type=float, metavar="P",
                         help=f"{need}: the probability the selector's first prediction must reach (default 0.5)")
     parser.add_argument("--spec-memory", type=spec_memory_of, default=DEFAULT, metavar="P%|BYTES",
@@ -319,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the policy's detour probability (default: its own, 0.15; the issue's selector "
                          "accuracy is reported at 0, 0.15 and 0.3)")
     ep.add_argument("--tasks", type=int, default=10, help="groups per epoch: one task each, across templates")
-    ep.add_argument("--group-size", type=int, default=8, help="samples per task (a GRPO group)")
+    ep.add_argument("--group-size", type=int, default=6,
+                    help="samples per task (a GRPO group; default 6: the five modes' three epochs in 10 minutes on "
+                         "two cores)")
     ep.add_argument("--concurrency", type=int, default=16, help="rollouts at once")
     ep.add_argument("--time-scale", type=float, default=0.2,
                     help="the policy's reasoning time and the suite's tool latency (1 = as modelled)")

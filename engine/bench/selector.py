@@ -44,7 +44,7 @@ def add_arguments(parser: Any) -> None:
                         help="the policy's detour probabilities, a comma list (default: its own)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=10, help="groups per epoch: one task each, across templates")
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=6, help="samples per task (default 6, as bench epoch)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0, help="epoch e runs with run seed SEED + e")

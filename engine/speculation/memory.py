@@ -49,7 +49,9 @@ class BranchMemory:
             self.estimate = max(self._recent)
 
     def measure(self, charges: dict[Hashable, int]) -> None:
-        """New charges of live branches (a branch not listed keeps its last), and the run's memory now."""
+        """New charges of live branches (a branch not listed keeps its last), and the run's memory now: the
+        high-water mark moves only here, where the two readings are taken together (between readings a branch's
+        growth would look like the run's and lift the mark)."""
         for branch, charge in charges.items():
             if branch in self.measured:
                 self.measured[branch] = charge
@@ -72,8 +74,7 @@ class BranchMemory:
         if self.budget is not None and reserved > self.budget:
             return False
         if self.headroom is not None:
-            now = max(0, self.run_memory() - self.held())
-            self.high = max(self.high, now)
+            now = max(0, self.run_memory() - self.held())  # branches grown since their last reading count as run
             if self.measured and reserved > (1.0 + self.headroom) * self.high - now:  # the first always may
                 return False
         return True

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PREEMPT_MARGIN = 1.5  # a request preempts a running branch only if its priority is this many times higher
+PREEMPT_MARGIN = 3.0  # a request preempts a running branch only if its priority is this many times higher
 RECHECK_S = 0.25  # waiters blocked by memory alone look again this often (branches' memory also falls)
 
 
