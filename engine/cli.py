@@ -172,7 +172,7 @@ def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> ob
 def _spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:
     need = "speculating modes" if bench else "with --speculate"
     parser.add_argument("--spec-slots", type=int, metavar="N",
-                        help=f"{need}: speculative branches running at once, tail samples first (default 8)")
+                        help=f"{need}: speculative branches running at once, tail samples first (default 4)")
     parser.add_argument("--spec-threshold", type=float, metavar="P",
                         help=f"{need}: the probability the selector's first prediction must reach (default 0.5)")
     parser.add_argument("--spec-memory", type=spec_memory_of, default=DEFAULT, metavar="P%|BYTES",

@@ -56,7 +56,7 @@ class SpecSettings:
     ``model_dir``: where the selector is saved and loaded (the prefix cache's directory when it has one);
     ``retrain_every``: new examples that start a background retrain."""
 
-    slots: int = 8
+    slots: int = 4
     threshold: float = 0.5
     memory_headroom: float | None = 0.10
     memory_budget: int | None = None
