@@ -217,7 +217,7 @@ def plot(rows: list[dict[str, Any]], ablation: list[dict[str, Any]], path: Path,
         xs = range(len(ablation))
         ax.bar([x - 0.2 for x in xs], [a["top1"] for a in ablation], 0.4, label="top-1")
         ax.bar([x + 0.2 for x in xs], [a["topk"] for a in ablation], 0.4, label=f"top-{top_k}")
-        ax.set_xticks(list(xs), [f"-{a['removed']}\np={a['detour_p']}" for a in ablation], fontsize=7)
+        ax.set_xticks(list(xs), [f"-{a['removed']} p={a['detour_p']}" for a in ablation], fontsize=7, rotation=90)
         ax.set_ylim(0, 1)
         ax.set_title("ablation: group removed (test epoch 2)", fontsize=9)
     fig.tight_layout()
