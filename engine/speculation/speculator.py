@@ -64,8 +64,8 @@ class Speculator:
         learned only by a selector that starts with no example (a saved one already holds what made the tree)."""
         await self.selector.open()
         added = 0
-        if self.selector.statistics()["examples"] == 0:
-            added += self.learn_history(history)
+        if self.selector.statistics()["examples"] == 0:  # off the loop: a big tree is many pages to encode
+            added += await asyncio.to_thread(self.learn_history, history)
         if self.settings.train_file is not None:
             added += await asyncio.to_thread(self.selector.learn_file, self.settings.train_file,
                                              {t.id: t.template for t in tasks})
