@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * DOC: a graft, step by step
+ *
+ * BUNSHIN_IOC_GRAFT, in the calling thread:
+ *
+ *   source   resolve the source, check the ptrace rule and that it is stopped
+ *   park     wait until every other thread of the caller is parked in
+ *            BUNSHIN_IOC_GRAFT_THREAD on this file
+ *   capture  copy the source thread's CPU state (allocates all the rest needs)
+ *   dup      duplicate the source's address space, copy-on-write
+ *   switch   move the caller onto the duplicate          (point of no return)
+ *   apply    give the caller the captured CPU state, release parked threads
+ *
+ * Until the switch a failure undoes exactly what was done and the caller goes
+ * on as before; the source is never written to. After the switch the caller's
+ * old address space is gone, so a failure there kills it (SIGKILL), cleanly.
+ *
+ * BUNSHIN_IOC_GRAFT_THREAD parks its thread until the graft is done, then
+ * captures its source thread's state, switches onto the graft's address space
+ * and applies the state. If the graft failed, it returns the graft's error.
+ */
+#include <linux/pid.h>
+#include <linux/sched/mm.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+
+#include "bunshin.h"
+
+struct bunshin_session *bunshin_session_new(void)
+{
+	struct bunshin_session *s = kzalloc(sizeof(*s), GFP_KERNEL);
+
+	if (!s)
+		return NULL;
+	mutex_init(&s->lock);
+	init_waitqueue_head(&s->wq);
+	s->state = BUNSHIN_SESSION_NEW;
+	atomic_inc(&bunshin_live_sessions);
+	return s;
+}
+
+void bunshin_session_free(struct bunshin_session *s)
+{
+	if (s->mm)
+		mmput(s->mm);
+	put_pid(s->source);
+	put_pid(s->caller);
+	mutex_destroy(&s->lock);
+	kfree(s);
+	atomic_dec(&bunshin_live_sessions);
+}
+
+/* Every thread using a session belongs to one thread group, the first's. */
+static int bunshin_session_join(struct bunshin_session *s)
+{
+	struct pid *me = task_tgid(current);
+
+	if (!s->caller)
+		s->caller = get_pid(me);
+	return s->caller == me ? 0 : -EINVAL;
+}
+
+/* Enter the session as a grafting thread (or, @parking, a parked one). */
+static int bunshin_session_enter(struct bunshin_session *s, bool parking)
+{
+	int err = mutex_lock_killable(&s->lock);
+
+	if (err)
+		return err;
+	switch (s->state) {
+	case BUNSHIN_SESSION_READY:
+		err = bunshin_session_join(s);
+		break;
+	case BUNSHIN_SESSION_GRAFTING:
+		err = parking ? bunshin_session_join(s) : -EINVAL;
+		break;
+	default:
+		/* before BUNSHIN_IOC_API, or the file's one graft was already made */
+		err = -EINVAL;
+	}
+	if (!err) {
+		if (parking)
+			s->parked++;
+		else
+			s->state = BUNSHIN_SESSION_GRAFTING;
+	}
+	mutex_unlock(&s->lock);
+	if (!err)
+		wake_up_all(&s->wq);
+	return err;
+}
+
+static void bunshin_session_finish(struct bunshin_session *s, struct bunshin_source *src,
+				   struct mm_struct *mm, int err)
+{
+	mutex_lock(&s->lock);
+	if (err) {
+		s->state = BUNSHIN_SESSION_FAILED;
+		s->error = err;
+	} else {
+		s->state = BUNSHIN_SESSION_DONE;
+		s->source = get_pid(src->group);
+		if (s->parked) {
+			mmget(mm);
+			s->mm = mm;
+		}
+	}
+	mutex_unlock(&s->lock);
+	wake_up_all(&s->wq);
+}
+
+static bool bunshin_all_parked(struct bunshin_session *s)
+{
+	return READ_ONCE(s->parked) + 1 >= get_nr_threads(current);
+}
+
+long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
+{
+	struct bunshin_source src;
+	struct bunshin_cpu *cpu;
+	struct mm_struct *mm;
+	int err;
+
+	err = bunshin_session_enter(s, false);
+	if (err)
+		return err;
+	err = bunshin_source_get(req, &src);
+	if (err)
+		goto fail;
+	err = wait_event_killable(s->wq, bunshin_all_parked(s));
+	if (err)
+		goto put_source;
+	err = -EINVAL;
+	if (refcount_read(&current->sighand->count) != get_nr_threads(current))
+		goto put_source;	/* handlers shared with another process */
+
+	cpu = bunshin_cpu_capture(src.thread, true);
+	if (IS_ERR(cpu)) {
+		err = PTR_ERR(cpu);
+		goto put_source;
+	}
+	mm = bunshin_mm_dup(src.mm);
+	if (IS_ERR(mm)) {
+		err = PTR_ERR(mm);
+		goto free_cpu;
+	}
+	err = bunshin_mm_switch(mm, true);
+	if (err)
+		goto put_mm;
+
+	if (bunshin_fault(BUNSHIN_FAULT_STATE)) {
+		bunshin_cpu_free(cpu);
+		err = -ENOMEM;
+		force_sig(SIGKILL);
+		goto put_source;
+	}
+	bunshin_cpu_apply(cpu);
+	bunshin_session_finish(s, &src, mm, 0);
+	bunshin_source_put(&src);
+	return 0;
+
+put_mm:
+	mmput(mm);
+free_cpu:
+	bunshin_cpu_free(cpu);
+put_source:
+	bunshin_source_put(&src);
+fail:
+	bunshin_session_finish(s, NULL, NULL, err);
+	return err;
+}
+
+/* Leave the park; return the graft's mm with a reference of our own. */
+static struct mm_struct *bunshin_session_adopt(struct bunshin_session *s,
+					       struct bunshin_source *src)
+{
+	struct mm_struct *mm = NULL, *last = NULL;
+	int err = 0;
+
+	mutex_lock(&s->lock);
+	if (s->state == BUNSHIN_SESSION_FAILED)
+		err = s->error;
+	else if (src->group != s->source)
+		err = -EINVAL;	/* a thread of another source */
+	else
+		mm = s->mm;
+	if (mm)
+		mmget(mm);
+	if (--s->parked == 0) {
+		last = s->mm;
+		s->mm = NULL;
+	}
+	mutex_unlock(&s->lock);
+	if (last)
+		mmput(last);
+	return err ? ERR_PTR(err) : mm;
+}
+
+long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft *req)
+{
+	struct bunshin_source src;
+	struct bunshin_cpu *cpu;
+	struct mm_struct *mm;
+	int err;
+
+	err = bunshin_source_get(req, &src);
+	if (err)
+		return err;
+	err = bunshin_session_enter(s, true);
+	if (err)
+		goto put_source;
+	/* killable only: a parked thread is part of its group's graft */
+	err = wait_event_killable(s->wq, READ_ONCE(s->state) >= BUNSHIN_SESSION_DONE);
+	mm = bunshin_session_adopt(s, &src);
+	if (IS_ERR(mm)) {
+		err = PTR_ERR(mm);
+		goto put_source;
+	}
+	if (err)
+		goto put_mm;
+
+	cpu = bunshin_cpu_capture(src.thread, false);
+	if (IS_ERR(cpu)) {
+		err = PTR_ERR(cpu);
+		goto put_mm;
+	}
+	err = bunshin_mm_switch(mm, false);
+	if (err) {
+		bunshin_cpu_free(cpu);
+		goto put_mm;
+	}
+	bunshin_cpu_apply(cpu);
+	bunshin_source_put(&src);
+	return 0;
+
+put_mm:
+	mmput(mm);
+put_source:
+	bunshin_source_put(&src);
+	return err;
+}

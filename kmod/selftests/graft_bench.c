@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: GPL-2.0
+/* placeholder replaced below */
+int main(void) { return 0; }

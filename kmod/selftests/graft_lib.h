@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * What the graft selftests share: a source program that holds a region of
+ * known bytes and answers commands on a pipe (it sits blocked in read() while
+ * idle, so every graft restarts a read), ways to stop it, a helper that
+ * grafts it into itself (in other namespaces if asked), and readers of
+ * /proc/PID/pagemap, smaps_rollup and the cgroup files.
+ */
+#ifndef BUNSHIN_GRAFT_LIB_H
+#define BUNSHIN_GRAFT_LIB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "../include/uapi/linux/bunshin.h"
+
+#define CMD_FD	10	/* the source reads its commands here (the clone too) */
+#define OUT_FD	11	/* and writes its replies here */
+
+struct cmd {
+	char op;
+	uint64_t a, b;
+};
+
+struct reply {
+	char op;		/* the command's op, or 'E' from a helper whose graft failed */
+	int64_t v[4];
+};
+
+/* what the source's threads share, at the address 'A' replies with (v[1]) */
+struct shared {
+	volatile uint64_t spins;	/* a thread spinning in user space, registers checked */
+	volatile uint64_t naps;		/* a thread looping in nanosleep() */
+	volatile uint64_t waits;	/* a thread looping in pthread_cond_timedwait() */
+	volatile uint64_t bad;		/* set by a thread that found its state corrupted */
+	volatile uint64_t usr1;		/* SIGUSR1 deliveries to the handler */
+};
+
+struct proc {
+	pid_t pid;
+	int cmd;	/* write commands here */
+	int out;	/* read replies here */
+};
+
+enum stop_kind { STOP_SIGSTOP, STOP_PTRACE, STOP_FREEZER_V2, STOP_FREEZER_V1 };
+
+/* the source: @size bytes of pattern, @threads extra threads (0 or 3) */
+int source_start(struct proc *src, size_t size, int threads);
+int source_stop(struct proc *src, enum stop_kind kind);
+int source_resume(struct proc *src, enum stop_kind kind);
+const char *stop_name(enum stop_kind kind);
+
+/* a round trip; returns 0 and fills @r, or -1 (timeout after 20 s, EOF) */
+int call(struct proc *p, char op, uint64_t a, uint64_t b, struct reply *r);
+void proc_end(struct proc *p);
+
+#define HELPER_NEWNS		(1 << 0)	/* new pid, mount, net, uts, ipc namespaces */
+#define HELPER_THREADS		(1 << 1)	/* park a thread per extra source thread */
+#define HELPER_UNPRIVILEGED	(1 << 2)	/* drop to uid/gid 65534 after opening */
+#define HELPER_NO_API		(1 << 3)	/* skip BUNSHIN_IOC_API */
+
+struct graft_opts {
+	int flags;
+	const char *cgroup;		/* cgroup v2 directory to join, or NULL */
+	uint32_t graft_flags;		/* overrides BUNSHIN_GRAFT_PIDFD if set */
+	int32_t source;			/* with graft_flags: the raw source field */
+	uint32_t reserved0;
+};
+
+/* Start a helper that grafts @src into itself; the clone answers on @clone. */
+int graft_start(struct proc *clone, struct proc *src, const struct graft_opts *o);
+/* Wait for the clone's answer to a ping: 0, or the graft's -errno. */
+int graft_wait(struct proc *clone);
+
+/* readers */
+int64_t pagemap_pfn(pid_t pid, uint64_t vaddr);
+long smaps_value(pid_t pid, const char *field);	/* kB; -1 if absent */
+long status_value(pid_t pid, const char *field);	/* kB; -1 if absent */
+long file_long(const char *path, const char *key);	/* "key value" lines or a bare number */
+int write_file(const char *path, const char *text);
+int open_bunshin(void);
+int api(int fd);
+
+/* leak counters: mm_struct, vm_area_struct, task_struct, filp in use, module states */
+struct counts {
+	long mm, vma, task, filp, sessions, states;
+};
+void counts_read(struct counts *c);
+
+uint64_t now_ns(void);
+
+#endif
