@@ -17,6 +17,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/rseq.h>
 #include <sys/stat.h>
@@ -37,6 +38,8 @@ static struct shared *sh;
 static void *robust_seen;
 static stack_t alt_seen;
 static __thread uint64_t tls_magic;
+uid_t source_uid;
+volatile uint64_t *graft_clock;
 
 static void on_usr1(int sig)
 {
@@ -120,9 +123,12 @@ static int64_t state_checks(struct reply *r)
 
 	r->v[0] = 2;	/* rseq not registered by libc: nothing to check */
 	if (__rseq_size) {
+		/* glibc registers 32 bytes (the kernel's struct rseq) and publishes 20 */
 		long ret = syscall(SYS_rseq, (char *)__builtin_thread_pointer() + __rseq_offset,
-				   __rseq_size, 0, RSEQ_SIG);
-		r->v[0] = ret == -1 && errno == EBUSY ? 1 : -(ret == -1 ? errno : 1000 + __rseq_size);
+				   32, 0, RSEQ_SIG);
+
+		/* EBUSY: registered at exactly this area; EINVAL: elsewhere; 0: nowhere */
+		r->v[0] = ret == -1 && errno == EBUSY ? 1 : -(ret == -1 ? errno : 1000);
 	}
 	syscall(SYS_get_robust_list, 0, &head, &len);
 	r->v[1] = head == robust_seen;
@@ -175,6 +181,20 @@ static void source_serve(void)
 		case 'U':
 			r.v[0] = sh->usr1;
 			break;
+		case 'N':
+			r.v[0] = now_ns();
+			break;
+		case 'F': {
+			uint64_t t0 = now_ns();
+			pid_t child = fork();
+
+			if (child == 0)
+				for (;;)
+					pause();
+			r.v[0] = now_ns() - t0;
+			r.v[1] = child;
+			break;
+		}
 		case 'Q':
 			_exit(0);
 		}
@@ -246,6 +266,9 @@ int source_start(struct proc *src, size_t size, int threads)
 		return -1;
 	if (pid == 0) {
 		child_fds(cmd, out);
+		if (source_uid && (setgid(source_uid) || setuid(source_uid) ||
+				   prctl(PR_SET_DUMPABLE, 1)))
+			_exit(2);
 		source_main(size, threads);
 	}
 	close(cmd[0]);
@@ -456,6 +479,8 @@ static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 			pthread_create(&t, NULL, graft_thread, &threads[i]);
 		}
 	}
+	if (graft_clock)
+		*graft_clock = now_ns();
 	if (ioctl(fd, BUNSHIN_IOC_GRAFT, &req))
 		helper_fail(errno);
 	/* not reached: the ioctl returns into the source's code */
@@ -494,20 +519,17 @@ int graft_start(struct proc *clone, struct proc *src, const struct graft_opts *o
 int graft_wait(struct proc *clone)
 {
 	struct pollfd pfd = { .fd = clone->out, .events = POLLIN };
-	struct reply r;
 	struct cmd c = { .op = 'P' };
+	struct reply r;
 
-	/* a failed helper has already written its 'E'; a clone answers the ping */
-	if (poll(&pfd, 1, 200) == 1) {
-		if (read(clone->out, &r, sizeof(r)) != sizeof(r))
-			return -EIO;
-		return r.op == 'E' ? (int)r.v[0] : -EPROTO;
-	}
+	/* one reply comes: the failed helper's 'E', or the clone's answer to the ping */
 	if (write(clone->cmd, &c, sizeof(c)) != sizeof(c))
 		return -EPIPE;
 	if (poll(&pfd, 1, 20000) != 1 || read(clone->out, &r, sizeof(r)) != sizeof(r))
 		return -ETIMEDOUT;
-	return r.op == 'E' ? (int)r.v[0] : 0;
+	if (r.op == 'E')
+		return (int)r.v[0];
+	return r.op == 'P' ? 0 : -EPROTO;
 }
 
 /* ---- readers ---- */
@@ -621,6 +643,16 @@ static long slab_active(const char *name)
 
 void counts_read(struct counts *c)
 {
+	const char *caches[] = { "mm_struct", "vm_area_struct", "task_struct", "filp" };
+	char path[96];
+	unsigned int i;
+
+	/* RCU-freed tasks and files first, then empty the per-CPU slabs, which count as in use */
+	usleep(300000);
+	for (i = 0; i < 4; i++) {
+		snprintf(path, sizeof(path), "/sys/kernel/slab/%s/shrink", caches[i]);
+		write_file(path, "1");
+	}
 	c->mm = slab_active("mm_struct");
 	c->vma = slab_active("vm_area_struct");
 	c->task = slab_active("task_struct");

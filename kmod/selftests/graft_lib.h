@@ -45,6 +45,11 @@ struct proc {
 
 enum stop_kind { STOP_SIGSTOP, STOP_PTRACE, STOP_FREEZER_V2, STOP_FREEZER_V1 };
 
+/* the uid the next source runs as (0: root), made dumpable again after setuid() */
+extern uid_t source_uid;
+/* if set (a MAP_SHARED word), the helper stores now_ns() there just before its GRAFT */
+extern volatile uint64_t *graft_clock;
+
 /* the source: @size bytes of pattern, @threads extra threads (0 or 3) */
 int source_start(struct proc *src, size_t size, int threads);
 int source_stop(struct proc *src, enum stop_kind kind);

@@ -98,7 +98,7 @@ int main(void)
 	call(&clone, 'U', 0, 0, &r1);
 	tap_diag("rseq %ld robust %ld altstack %ld mask+tls %ld usr1 %ld",
 		 r2.v[0], r2.v[1], r2.v[2], r2.v[3], r1.v[0]);
-	tap_result(r2.v[0] && r2.v[1] && r2.v[2] && r2.v[3] && r1.v[0] == 1,
+	tap_result(r2.v[0] == 1 && r2.v[1] && r2.v[2] && r2.v[3] && r1.v[0] == 1,
 		   "rseq, robust list, signal stack, blocked mask, TLS and handlers carried over");
 
 	proc_end(&clone);

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The ioctl ABI and the permission rule: negotiation comes first, unknown
+ * commands get ENOTTY, unknown flags and reserved fields EINVAL, a source that
+ * is not there ESRCH, a running one EBUSY; a caller that may not ptrace the
+ * source gets EPERM, and every failed graft leaves its caller running on as
+ * before (this test is that caller).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "graft_lib.h"
+#include "tap.h"
+
+static int graft_errno(uint32_t flags, int32_t source, uint32_t tid, uint32_t reserved0,
+		       uint64_t reserved1)
+{
+	struct bunshin_graft req = { .flags = flags, .source = source, .tid = tid,
+				     .reserved0 = reserved0, .reserved = { 0, reserved1 } };
+	int fd = open_bunshin();
+	int ret;
+
+	if (fd < 0 || api(fd))
+		return -1000;
+	ret = ioctl(fd, BUNSHIN_IOC_GRAFT, &req) ? errno : 0;
+	close(fd);
+	return ret;
+}
+
+static void expect(int got, int want, const char *name)
+{
+	if (got != want)
+		tap_diag("%s: got %s (%d), want %s", name, strerror(got), got, strerror(want));
+	tap_result(got == want, name);
+}
+
+int main(void)
+{
+	struct bunshin_api a = { .api = BUNSHIN_API };
+	struct graft_opts o = { 0 };
+	struct proc src, clone;
+	struct reply r;
+	int fd, pidfd, err, status;
+	pid_t gone;
+
+	tap_plan(17);
+	if (access("/dev/bunshin", F_OK)) {
+		tap_skip("graft_api", "/dev/bunshin missing (module not loaded)");
+		tap_exit();
+	}
+
+	fd = open_bunshin();
+	a.api = BUNSHIN_API + 1;
+	expect(ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0, EINVAL, "API with an unknown version: EINVAL");
+	a.api = BUNSHIN_API;
+	a.features = 1ULL << 40;
+	expect(ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0, EINVAL, "API asking for an unknown feature: EINVAL");
+	expect(ioctl(fd, BUNSHIN_IOC_GRAFT, &(struct bunshin_graft){ .source = 1 }) ? errno : 0,
+	       EINVAL, "GRAFT before API: EINVAL");
+	a.features = BUNSHIN_FEATURE_PIDFD;
+	err = ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0;
+	tap_result(!err && a.api == BUNSHIN_API &&
+		   a.features == (BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS) &&
+		   a.ioctls == 7, "API negotiates: version, every feature and the three ioctls");
+	expect(ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0, EINVAL, "a second API on one file: EINVAL");
+	expect(ioctl(fd, _IOW(BUNSHIN_IOC_MAGIC, 0x7f, struct bunshin_graft), &a) ? errno : 0,
+	       ENOTTY, "an unknown command: ENOTTY");
+	close(fd);
+
+	if (source_start(&src, 1 << 20, 0))
+		return KSFT_FAIL;
+	expect(graft_errno(0, src.pid, 0, 0, 0), EBUSY, "a running source: EBUSY");
+	source_stop(&src, STOP_SIGSTOP);
+	expect(graft_errno(1U << 7, src.pid, 0, 0, 0), EINVAL, "an unknown flag: EINVAL");
+	expect(graft_errno(0, src.pid, 0, 1, 0), EINVAL, "a non-zero reserved0: EINVAL");
+	expect(graft_errno(0, src.pid, 0, 0, 1), EINVAL, "a non-zero reserved[1]: EINVAL");
+	expect(graft_errno(0, 0x3ffffff0, 0, 0, 0), ESRCH, "a pid nobody has: ESRCH");
+	expect(graft_errno(0, -4, 0, 0, 0), EINVAL, "a negative pid: EINVAL");
+	expect(graft_errno(0, src.pid, 0x3ffffff0, 0, 0), ESRCH, "a tid not in the source: ESRCH");
+	expect(graft_errno(0, getpid(), 0, 0, 0), EINVAL, "the caller itself: EINVAL");
+
+	/* a pidfd whose process has exited and been reaped */
+	gone = fork();
+	if (gone == 0)
+		_exit(0);
+	pidfd = syscall(SYS_pidfd_open, gone, 0);
+	waitpid(gone, &status, 0);
+	expect(graft_errno(BUNSHIN_GRAFT_PIDFD, pidfd, 0, 0, 0), ESRCH, "a vanished source: ESRCH");
+	close(pidfd);
+
+	/* the permission rule: nobody (65534) may not ptrace root's process */
+	o.flags = HELPER_UNPRIVILEGED;
+	graft_start(&clone, &src, &o);
+	err = graft_wait(&clone);
+	expect(-err, EPERM, "an unprivileged caller grafting a root process: EPERM");
+	proc_end(&clone);
+	proc_end(&src);
+
+	/* ... and may graft its own */
+	source_uid = 65534;
+	if (source_start(&src, 1 << 20, 0))
+		return KSFT_FAIL;
+	source_uid = 0;
+	source_stop(&src, STOP_SIGSTOP);
+	graft_start(&clone, &src, &o);
+	err = graft_wait(&clone);
+	if (err)
+		tap_diag("graft: %s", strerror(-err));
+	tap_result(!err && !call(&clone, 'S', 0, 0, &r), "an unprivileged caller grafts its own process");
+	proc_end(&clone);
+	proc_end(&src);
+	tap_exit();
+}
