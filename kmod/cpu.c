@@ -15,10 +15,11 @@
  * back to user space (TWA_SIGNAL: inside get_signal(), before any signal is
  * handled). The kernel's own restart logic then sees exactly what the source
  * would have seen: a thread stopped while blocked in read() has -ERESTARTSYS
- * in %rax and re-issues read() once it runs. A thread frozen in place inside a
- * freezable sleep (futex, epoll, nanosleep) still has the -ENOSYS the syscall
- * entry put in %rax; it is given -ERESTARTNOINTR so that the clone re-issues
- * the call too (a sleep restarts with its full duration).
+ * in %rax and re-issues read() once it runs. A thread stopped before its
+ * system call ran (at a PTRACE_SYSCALL entry stop, or frozen in place inside
+ * a freezable sleep) still has the value the syscall entry put in %rax; it is
+ * given -ERESTARTNOINTR so that the clone issues the call (a sleep restarts
+ * with its full duration).
  */
 #include <linux/ptrace.h>
 #include <linux/sched/signal.h>
@@ -32,7 +33,7 @@
 #include <asm/prctl.h>
 #include <asm/syscall.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 struct bunshin_resume {
 	struct callback_head work;
@@ -96,9 +97,14 @@ static int bunshin_cpu_capture_signals(struct task_struct *t, struct bunshin_cpu
 static void bunshin_cpu_capture_regs(struct task_struct *t, struct bunshin_cpu *c)
 {
 	struct fpstate *fps = t->thread.fpu.fpstate;
+	/*
+	 * %rax of a system call still in flight: our own ioctl's is one, as
+	 * the source's is when it was frozen in place or stopped at syscall entry
+	 */
+	unsigned long in_flight = current_pt_regs()->ax;
 
 	c->regs = *task_pt_regs(t);
-	if ((long)c->regs.orig_ax >= 0 && c->regs.ax == (unsigned long)-ENOSYS)
+	if ((long)c->regs.orig_ax >= 0 && c->regs.ax == in_flight)
 		c->regs.ax = (unsigned long)-ERESTARTNOINTR;
 	c->fsbase = bunshin_syms.fsbase_read_task(t);
 	c->gsbase = bunshin_syms.gsbase_read_task(t);
@@ -264,10 +270,9 @@ void bunshin_cpu_apply(struct bunshin_cpu *c)
 
 void bunshin_cpu_free(struct bunshin_cpu *c)
 {
-	if (c->resume) {
-		kfree(c->resume);
+	if (c->resume)
 		atomic_dec(&bunshin_live_states);
-	}
+	kfree(c->resume);
 	kfree(c->actions);
 	kfree(c);
 	atomic_dec(&bunshin_live_states);

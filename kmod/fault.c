@@ -15,7 +15,7 @@
 #include <linux/string.h>
 #include <linux/uaccess.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 static const char * const bunshin_fault_names[BUNSHIN_FAULT_NR] = {
 	[BUNSHIN_FAULT_NONE] = "none",

@@ -25,7 +25,7 @@
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 struct bunshin_session *bunshin_session_new(void)
 {

@@ -26,7 +26,7 @@
 #include <linux/module.h>
 #include <linux/uaccess.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 #define BUNSHIN_FEATURES	(BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS)
 #define BUNSHIN_IOCTLS		(BIT_ULL(_IOC_NR(BUNSHIN_IOC_API)) |		\

@@ -21,7 +21,7 @@
 #include <linux/slab.h>
 #include <asm/mmu_context.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 /**
  * bunshin_mm_dup() - a copy-on-write duplicate of @oldmm owned by the caller

@@ -17,7 +17,7 @@
 #include <linux/sched/signal.h>
 #include <linux/sched/task.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 static bool bunshin_thread_stopped(struct task_struct *t)
 {

@@ -14,7 +14,7 @@
 #include <linux/module.h>
 #include <linux/stddef.h>
 
-#include "bunshin.h"
+#include "internal.h"
 
 struct bunshin_syms bunshin_syms;
 

@@ -71,8 +71,12 @@ static void *nap_thread(void *arg)
 
 	tls_magic = MAGIC + 2;
 	for (;;) {
-		while (nanosleep(&ts, &ts) && errno == EINTR)
+		int rc;
+
+		while ((rc = nanosleep(&ts, &ts)) && errno == EINTR)
 			;
+		if (rc)
+			sh->bad = 4;	/* a restart gone wrong: nanosleep() fails only with EINTR */
 		ts.tv_nsec = 2 * 1000 * 1000;
 		if (tls_magic != MAGIC + 2)
 			sh->bad = 2;
@@ -96,7 +100,10 @@ static void *wait_thread(void *arg)
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000L;
 		}
-		pthread_cond_timedwait(&cv, &m, &ts);
+		int rc = pthread_cond_timedwait(&cv, &m, &ts);
+
+		if (rc && rc != ETIMEDOUT)
+			sh->bad = 5;
 		if (tls_magic != MAGIC + 3)
 			sh->bad = 3;
 		sh->waits++;
@@ -308,8 +315,8 @@ void proc_end(struct proc *p)
 
 const char *stop_name(enum stop_kind kind)
 {
-	static const char * const names[] = { "SIGSTOP", "ptrace", "cgroup v2 freezer",
-					      "cgroup v1 freezer" };
+	static const char * const names[] = { "SIGSTOP", "ptrace", "ptrace at syscall entry",
+					      "cgroup v2 freezer", "cgroup v1 freezer" };
 	return names[kind];
 }
 
@@ -349,6 +356,15 @@ int source_stop(struct proc *src, enum stop_kind kind)
 		if (ptrace(PTRACE_SEIZE, src->pid, 0, 0) || ptrace(PTRACE_INTERRUPT, src->pid, 0, 0))
 			return -1;
 		return waitpid(src->pid, &status, __WALL) == src->pid ? 0 : -1;
+	case STOP_SYSCALL_ENTRY:
+		/* stopped in read(); PTRACE_SYSCALL restarts it and stops at its entry */
+		if (ptrace(PTRACE_SEIZE, src->pid, 0, PTRACE_O_TRACESYSGOOD) ||
+		    ptrace(PTRACE_INTERRUPT, src->pid, 0, 0) ||
+		    waitpid(src->pid, &status, __WALL) != src->pid ||
+		    ptrace(PTRACE_SYSCALL, src->pid, 0, 0) ||
+		    waitpid(src->pid, &status, __WALL) != src->pid)
+			return -1;
+		return WIFSTOPPED(status) && WSTOPSIG(status) == (SIGTRAP | 0x80) ? 0 : -1;
 	case STOP_FREEZER_V2:
 		snprintf(cg_path, sizeof(cg_path), "/sys/fs/cgroup/bunshin-src-%d", src->pid);
 		mkdir(cg_path, 0755);
@@ -384,6 +400,7 @@ int source_resume(struct proc *src, enum stop_kind kind)
 	case STOP_SIGSTOP:
 		return kill(src->pid, SIGCONT);
 	case STOP_PTRACE:
+	case STOP_SYSCALL_ENTRY:
 		return ptrace(PTRACE_DETACH, src->pid, 0, 0);
 	case STOP_FREEZER_V2:
 		snprintf(path, sizeof(path), "%s/cgroup.freeze", cg_path);
@@ -496,6 +513,12 @@ int graft_start(struct proc *clone, struct proc *src, const struct graft_opts *o
 	pidfd = syscall(SYS_pidfd_open, src->pid, 0);
 	if (pidfd < 0 || spawn_pipes(cmd, out))
 		return -1;
+	if (o->preload) {
+		struct cmd c = { .op = o->preload };
+
+		if (write(cmd[1], &c, sizeof(c)) != sizeof(c))
+			return -1;
+	}
 	if (o->flags & HELPER_NEWNS)
 		pid = syscall(SYS_clone, SIGCHLD | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET |
 			      CLONE_NEWUTS | CLONE_NEWIPC, 0, 0, 0, 0);

@@ -43,7 +43,13 @@ struct proc {
 	int out;	/* read replies here */
 };
 
-enum stop_kind { STOP_SIGSTOP, STOP_PTRACE, STOP_FREEZER_V2, STOP_FREEZER_V1 };
+enum stop_kind {
+	STOP_SIGSTOP,		/* a group stop */
+	STOP_PTRACE,		/* PTRACE_INTERRUPT: a ptrace stop in get_signal() */
+	STOP_SYSCALL_ENTRY,	/* PTRACE_SYSCALL: stopped at the entry of read(), before it runs */
+	STOP_FREEZER_V2,
+	STOP_FREEZER_V1,
+};
 
 /* the uid the next source runs as (0: root), made dumpable again after setuid() */
 extern uid_t source_uid;
@@ -71,6 +77,7 @@ struct graft_opts {
 	uint32_t graft_flags;		/* overrides BUNSHIN_GRAFT_PIDFD if set */
 	int32_t source;			/* with graft_flags: the raw source field */
 	uint32_t reserved0;
+	char preload;			/* a command queued for the clone before the helper starts */
 };
 
 /* Start a helper that grafts @src into itself; the clone answers on @clone. */

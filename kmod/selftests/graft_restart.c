@@ -2,7 +2,8 @@
 /*
  * A source stopped while blocked in read() on a pipe, by each way of stopping
  * a process: the clone's read() restarts on its own pipe and completes, and
- * the source's own read() completes when it runs again.
+ * the source's own read() completes when it runs again. Stopped at the entry
+ * of read() (PTRACE_SYSCALL), the call has not run yet: the clone runs it.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -14,16 +15,17 @@
 
 int main(void)
 {
-	enum stop_kind kinds[] = { STOP_SIGSTOP, STOP_PTRACE, STOP_FREEZER_V2, STOP_FREEZER_V1 };
+	enum stop_kind kinds[] = { STOP_SIGSTOP, STOP_PTRACE, STOP_SYSCALL_ENTRY, STOP_FREEZER_V2,
+				   STOP_FREEZER_V1 };
 	unsigned int i;
 
-	tap_plan(4);
+	tap_plan(5);
 	if (access("/dev/bunshin", F_OK)) {
-		for (i = 0; i < 4; i++)
+		for (i = 0; i < 5; i++)
 			tap_skip("graft_restart", "/dev/bunshin missing (module not loaded)");
 		tap_exit();
 	}
-	for (i = 0; i < 4; i++) {
+	for (i = 0; i < 5; i++) {
 		struct graft_opts o = { 0 };
 		struct proc src, clone;
 		struct reply r1, r2;

@@ -2,8 +2,8 @@
 /*
  * Internal interfaces of the BunshinFork module: one section per file.
  */
-#ifndef _BUNSHIN_H
-#define _BUNSHIN_H
+#ifndef _BUNSHIN_INTERNAL_H
+#define _BUNSHIN_INTERNAL_H
 
 #include <linux/mm_types.h>
 #include <linux/mutex.h>
@@ -88,7 +88,7 @@ enum bunshin_session_state {
 };
 
 struct bunshin_session {
-	struct mutex lock;
+	struct mutex lock;		/* protects every field below but wq */
 	enum bunshin_session_state state;
 	int error;			/* why the graft failed, for parked threads */
 	struct pid *caller;		/* thread group of the first caller */
@@ -103,4 +103,4 @@ void bunshin_session_free(struct bunshin_session *s);
 long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req);
 long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft *req);
 
-#endif /* _BUNSHIN_H */
+#endif /* _BUNSHIN_INTERNAL_H */
