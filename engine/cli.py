@@ -1,5 +1,5 @@
 """The ``bunshin`` command line: ``doctor``, ``demo``, ``eval``, ``replay``, ``suite check``, ``bench fork``,
-``bench sharing``, ``bench epoch``, ``bench selector``.
+``bench sharing``, ``bench epoch``, ``bench selector``, ``bench graft``.
 
 Owns: parsing arguments and dispatching; every command's work lives in its own module.
 """
@@ -298,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     sharing.add_argument("--json", type=Path, help="write results as JSON here")
     sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
 
+    from .bench import graft as bench_graft
+
+    graft = bench_sub.add_parser("graft", help="the kernel module's graft against fork() of the same source, in "
+                                               "a QEMU VM (kmod/vmtest)")
+    bench_graft.add_arguments(graft)
+
     from .bench import selector as bench_selector
 
     sel = bench_sub.add_parser("selector", help="the Spec Tool Selector's accuracy on recorded epochs, per detour "
@@ -387,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         return event_loop.run(bench_sharing.main(
             make_suite(args), policy, args.steps, samples=args.samples, template=args.template,
             per_template=args.tasks_per_template, seed=args.seed, json_path=args.json, plot_path=args.plot))
+    if args.command == "bench" and args.bench == "graft":
+        from .bench import graft as bench_graft
+
+        return bench_graft.command(args)
     if args.command == "bench" and args.bench == "selector":
         from .bench import selector as bench_selector
 

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import kmod_probe
 from .cgroups import CgroupLayout, CgroupUnavailable
 
 
@@ -98,9 +99,9 @@ def diagnose() -> Report:
     add(Check("userfaultfd", uffd is not None or os.path.exists("/dev/userfaultfd"),
               f"unprivileged_userfaultfd={uffd}" if uffd is not None else "sysctl absent"))
     modules = os.path.exists("/proc/modules")
-    loaded = os.path.exists("/sys/module/bunshin")
     add(Check("loadable kernel modules", modules, "yes" if modules else "kernel built without module support"))
-    add(Check("bunshin kernel module", loaded, "loaded" if loaded else "not loaded"))
+    kmod = kmod_probe.probe()
+    add(Check("bunshin kernel module", kmod.can_load, kmod.detail))
     add(_docker())
     release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
     add(Check("pidfd setns", release >= (5, 8), f"kernel {os.uname().release} (workers enter clones by pidfd)"))
@@ -113,7 +114,8 @@ def diagnose() -> Report:
     report.backends["cow"] = verdict
     report.backends["restore"] = verdict
     report.backends["replay"] = (False, "not built yet (rollout engine issue)")
-    report.backends["kmod"] = (False, "module not loaded" if modules else "kernel cannot load modules")
+    # the module grafts processes (kmod/); the engine's workspaces do not drive it yet
+    report.backends["kmod"] = (False, kmod.detail + "; the engine does not use it yet")
     report.backends["docker"] = (False, "not built yet" + ("" if report.ok("docker daemon") else "; no daemon"))
     report.backends["ksm"] = (False, "not built yet" + ("" if report.ok("KSM") else "; no KSM"))
     return report
