@@ -6,9 +6,10 @@
  * pt_regs at the top of its kernel stack, its FPU and extended state in its
  * fpstate (saved when it was switched out), its fs and gs bases in its thread
  * struct, and its registrations (rseq, robust list, child-tid pointer, signal
- * stack, blocked mask, signal handlers) in its task and sighand. Capturing
- * copies all of it, and allocates everything applying needs, while the source
- * is stopped; applying writes it into the calling thread and cannot fail.
+ * stack, blocked mask, signal handlers, personality) in its task and sighand.
+ * Capturing copies all of it, and allocates everything applying needs, while
+ * the source is stopped; applying writes it into the calling thread and
+ * cannot fail.
  *
  * The ioctl's own return value would overwrite the source's %rax, so %rax and
  * %orig_ax are set by a task work that runs at the start of the caller's way
@@ -60,6 +61,7 @@ struct bunshin_cpu {
 	sigset_t blocked;
 	struct restart_block restart_block;
 	char comm[TASK_COMM_LEN];
+	unsigned int personality;
 	struct bunshin_resume *resume;
 	struct k_sigaction *actions;	/* NULL: keep the caller's handlers */
 	unsigned int fpsize;
@@ -131,6 +133,7 @@ static void bunshin_cpu_capture_task(struct task_struct *t, struct bunshin_cpu *
 	c->sas_ss_flags = t->sas_ss_flags;
 	c->restart_block = t->restart_block;
 	__get_task_comm(c->comm, sizeof(c->comm), t);
+	c->personality = t->personality;
 }
 
 /**
@@ -237,6 +240,7 @@ static void bunshin_cpu_apply_task(struct bunshin_cpu *c)
 	tsk->sas_ss_flags = c->sas_ss_flags;
 	tsk->restart_block = c->restart_block;
 	bunshin_syms.set_task_comm(tsk, c->comm, false);
+	tsk->personality = c->personality;
 }
 
 /**

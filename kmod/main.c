@@ -16,11 +16,11 @@
  * BUNSHIN_IOC_GRAFT (with BUNSHIN_IOC_GRAFT_THREAD for the other threads) per
  * open file. Each ioctl copies its argument in, validates it, acts, and copies
  * the result out; unknown commands get -ENOTTY, unknown flags and non-zero
- * reserved fields -EINVAL.
+ * reserved fields -EINVAL. There is no compat_ioctl: a graft is between
+ * 64-bit processes.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
-#include <linux/compat.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
@@ -88,8 +88,6 @@ static long bunshin_ioctl_graft(struct bunshin_session *s, void __user *uarg, bo
 	if (req.flags & ~BUNSHIN_GRAFT_FLAGS || req.reserved0 || req.reserved[0] ||
 	    req.reserved[1])
 		return -EINVAL;
-	if (in_compat_syscall())
-		return -EOPNOTSUPP;
 	return thread ? bunshin_graft_thread(s, &req) : bunshin_graft(s, &req);
 }
 
