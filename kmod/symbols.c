@@ -44,6 +44,10 @@ static const struct bunshin_sym bunshin_sym_table[] = {
 	BUNSHIN_SYM(pidfd_get_pid, "pidfd_get_pid"),
 	BUNSHIN_SYM(lock_task_sighand, "__lock_task_sighand"),
 	BUNSHIN_SYM(set_task_comm, "__set_task_comm"),
+#ifdef BUNSHIN_TEST_MISSING_SYMBOL
+	/* kmod/vmtest builds a second module with a symbol no kernel has, to see it refused */
+	BUNSHIN_SYM(switch_mm, BUNSHIN_TEST_MISSING_SYMBOL),
+#endif
 };
 
 typedef unsigned long (*bunshin_lookup_fn)(const char *name);
