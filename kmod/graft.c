@@ -18,7 +18,8 @@
  *
  * BUNSHIN_IOC_GRAFT_THREAD parks its thread until the graft is done, then
  * captures its source thread's state, switches onto the graft's address space
- * and applies the state. If the graft failed, it returns the graft's error.
+ * and applies the state. If the graft failed, it returns the graft's error;
+ * a thread whose source is refused fails the whole graft with its error.
  */
 #include <linux/pid.h>
 #include <linux/sched/mm.h>
@@ -75,6 +76,10 @@ static int bunshin_session_enter(struct bunshin_session *s, bool parking)
 	case BUNSHIN_SESSION_GRAFTING:
 		err = parking ? bunshin_session_join(s) : -EINVAL;
 		break;
+	case BUNSHIN_SESSION_FAILED:
+		/* the graft failed (a thread's source was refused, say): its error */
+		err = s->error;
+		break;
 	default:
 		/* before BUNSHIN_IOC_API, or the file's one graft was already made */
 		err = -EINVAL;
@@ -112,7 +117,20 @@ static void bunshin_session_finish(struct bunshin_session *s, struct bunshin_sou
 
 static bool bunshin_all_parked(struct bunshin_session *s)
 {
-	return READ_ONCE(s->parked) + 1 >= get_nr_threads(current);
+	return READ_ONCE(s->parked) + 1 >= get_nr_threads(current) ||
+	       READ_ONCE(s->state) == BUNSHIN_SESSION_FAILED;
+}
+
+/* A thread whose source is refused fails its whole group's graft. */
+static void bunshin_session_refuse(struct bunshin_session *s, int err)
+{
+	mutex_lock(&s->lock);
+	if (s->state == BUNSHIN_SESSION_READY || s->state == BUNSHIN_SESSION_GRAFTING) {
+		s->state = BUNSHIN_SESSION_FAILED;
+		s->error = err;
+	}
+	mutex_unlock(&s->lock);
+	wake_up_all(&s->wq);
 }
 
 long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
@@ -129,6 +147,8 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 	if (err)
 		goto fail;
 	err = wait_event_killable(s->wq, bunshin_all_parked(s));
+	if (!err && READ_ONCE(s->state) == BUNSHIN_SESSION_FAILED)
+		err = READ_ONCE(s->error);	/* a parked thread's source was refused */
 	if (err)
 		goto put_source;
 	err = -EINVAL;
@@ -205,8 +225,10 @@ long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft 
 	int err;
 
 	err = bunshin_source_get(req, &src);
-	if (err)
+	if (err) {
+		bunshin_session_refuse(s, err);
 		return err;
+	}
 	err = bunshin_session_enter(s, true);
 	if (err)
 		goto put_source;

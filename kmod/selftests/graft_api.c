@@ -48,10 +48,10 @@ int main(void)
 	struct graft_opts o = { 0 };
 	struct proc src, clone;
 	struct reply r;
-	int fd, pidfd, err, status;
+	int fd, pidfd, err, status, back;
 	pid_t gone;
 
-	tap_plan(17);
+	tap_plan(18);
 	if (access("/dev/bunshin", F_OK)) {
 		tap_skip("graft_api", "/dev/bunshin missing (module not loaded)");
 		tap_exit();
@@ -95,6 +95,17 @@ int main(void)
 	waitpid(gone, &status, 0);
 	expect(graft_errno(BUNSHIN_GRAFT_PIDFD, pidfd, 0, 0, 0), ESRCH, "a vanished source: ESRCH");
 	close(pidfd);
+
+	/* one thread of a multi-threaded graft names a tid the source lacks: the graft fails */
+	o.flags = HELPER_BAD_THREAD;
+	graft_start(&clone, &src, &o);
+	err = graft_wait_threads(&clone, &back);
+	waitpid(clone.pid, &status, 0);
+	clone.pid = 0;
+	tap_result(err == -ESRCH && back == 1 && WIFEXITED(status) && WEXITSTATUS(status) == 3,
+		   "a parked thread naming a missing tid fails the graft (ESRCH): every thread runs on");
+	close(clone.cmd);
+	close(clone.out);
 
 	/* the permission rule: nobody (65534) may not ptrace root's process */
 	o.flags = HELPER_UNPRIVILEGED;

@@ -33,32 +33,37 @@ static int no_leak(const struct counts *a, const struct counts *b)
 	       b->filp - a->filp <= 32 && b->sessions == 0 && b->states == 0;
 }
 
-static void fault_at(const char *step, int killed)
+static void fault_at(const char *step, int killed, int threads)
 {
-	struct graft_opts o = { 0 };
+	struct graft_opts o = { .flags = threads ? HELPER_THREADS : 0 };
 	struct proc src, clone;
 	struct reply before, after;
 	char name[160];
-	int err, status, caller_ok;
+	int err, status, caller_ok, back;
 
-	source_start(&src, 4 << 20, 0);
+	source_start(&src, 4 << 20, threads);
+	usleep(threads ? 100000 : 0);
 	call(&src, 'S', 0, 0, &before);
 	source_stop(&src, STOP_SIGSTOP);
 	write_file(FAIL_STEP, step);
 	graft_start(&clone, &src, &o);
-	err = graft_wait(&clone);
+	err = graft_wait_threads(&clone, &back);
 	waitpid(clone.pid, &status, 0);
 	clone.pid = 0;
 	if (killed)
 		caller_ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 	else	/* the helper's own code ran on: it reported the errno and exited 3 */
-		caller_ok = err == -ENOMEM && WIFEXITED(status) && WEXITSTATUS(status) == 3;
+		caller_ok = err == -ENOMEM && WIFEXITED(status) && WEXITSTATUS(status) == 3 &&
+			    back == (threads ? 3 : 0);
 	source_resume(&src, STOP_SIGSTOP);
 	call(&src, 'S', 0, 0, &after);
-	snprintf(name, sizeof(name), "a fault at \"%s\": the caller %s, the source untouched", step,
-		 killed ? "is killed by SIGKILL" : "gets ENOMEM and runs on");
+	snprintf(name, sizeof(name), "a fault at \"%s\"%s: the caller %s, the source untouched", step,
+		 threads ? " with threads parked" : "",
+		 killed ? "is killed by SIGKILL" :
+		 threads ? "and its parked threads get ENOMEM and run on" : "gets ENOMEM and runs on");
 	if (!caller_ok)
-		tap_diag("%s: graft %s, status %#x", step, strerror(-err), status);
+		tap_diag("%s: graft %s, status %#x, threads back %d", step, strerror(-err), status,
+			 back);
 	tap_result(caller_ok && after.v[0] == before.v[0], name);
 	close(clone.cmd);
 	close(clone.out);
@@ -72,16 +77,18 @@ int main(void)
 	struct reply r0, r;
 	int i, err, ok;
 
-	tap_plan(7);
+	tap_plan(9);
 	if (access("/dev/bunshin", F_OK) || access(FAIL_STEP, F_OK)) {
 		tap_skip("graft_faults", "/dev/bunshin or debugfs missing");
 		tap_exit();
 	}
 	counts_read(&start);
-	fault_at("alloc", 0);
-	fault_at("init", 0);
-	fault_at("copy", 0);
-	fault_at("state", 1);
+	fault_at("alloc", 0, 0);
+	fault_at("init", 0, 0);
+	fault_at("copy", 0, 0);
+	fault_at("state", 1, 0);
+	fault_at("copy", 0, 1);
+	fault_at("state", 1, 1);
 
 	/* 1,000 grafts of one source */
 	source_start(&chain[0], 1 << 20, 0);

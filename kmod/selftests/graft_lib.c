@@ -417,14 +417,19 @@ int source_resume(struct proc *src, enum stop_kind kind)
 struct thread_arg {
 	int fd;
 	struct bunshin_graft req;
+	pthread_t thread;
+	int err;
 };
+
+static struct thread_arg helper_threads[16];
+static int helper_nthreads;
 
 static void *graft_thread(void *p)
 {
 	struct thread_arg *t = p;
 
-	if (ioctl(t->fd, BUNSHIN_IOC_GRAFT_THREAD, &t->req))
-		fprintf(stderr, "# GRAFT_THREAD %u: %s\n", t->req.tid, strerror(errno));
+	/* returns only if the graft failed: this thread runs on in the helper */
+	t->err = ioctl(t->fd, BUNSHIN_IOC_GRAFT_THREAD, &t->req) ? errno : 0;
 	return NULL;
 }
 
@@ -449,9 +454,16 @@ static int source_tids(pid_t pid, uint32_t *tids, int max)
 	return n;
 }
 
+/* report the graft's errno, and how many parked threads came back with the same one */
 static void helper_fail(int err)
 {
 	struct reply r = { .op = 'E', .v = { -err } };
+	int i;
+
+	for (i = 0; i < helper_nthreads; i++) {
+		pthread_join(helper_threads[i].thread, NULL);
+		r.v[1] += helper_threads[i].err == err;
+	}
 
 	if (write(OUT_FD, &r, sizeof(r)) != sizeof(r))
 		_exit(4);
@@ -461,9 +473,7 @@ static void helper_fail(int err)
 static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 {
 	struct bunshin_graft req = { .flags = BUNSHIN_GRAFT_PIDFD, .source = pidfd };
-	static struct thread_arg threads[16];
 	uint32_t tids[16];
-	pthread_t t;
 	int fd, i, n;
 
 	if (o->cgroup) {
@@ -487,13 +497,19 @@ static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 		req.source = o->source;
 	}
 	req.reserved0 = o->reserved0;
-	if (o->flags & HELPER_THREADS) {
-		n = source_tids(src_pid, tids, 16);
+	if (o->flags & (HELPER_THREADS | HELPER_BAD_THREAD)) {
+		n = source_tids(src_pid, tids, 15);
+		if (o->flags & HELPER_BAD_THREAD)
+			tids[n++] = 0x3ffffff0;
 		for (i = 0; i < n; i++) {
-			threads[i].fd = fd;
-			threads[i].req = req;
-			threads[i].req.tid = tids[i];
-			pthread_create(&t, NULL, graft_thread, &threads[i]);
+			struct thread_arg *t = &helper_threads[i];
+
+			t->fd = fd;
+			t->req = req;
+			t->req.tid = tids[i];
+			if (pthread_create(&t->thread, NULL, graft_thread, t))
+				helper_fail(errno);
+			helper_nthreads++;
 		}
 	}
 	if (graft_clock)
@@ -539,7 +555,7 @@ int graft_start(struct proc *clone, struct proc *src, const struct graft_opts *o
 	return 0;
 }
 
-int graft_wait(struct proc *clone)
+int graft_wait_threads(struct proc *clone, int *threads_back)
 {
 	struct pollfd pfd = { .fd = clone->out, .events = POLLIN };
 	struct cmd c = { .op = 'P' };
@@ -550,6 +566,8 @@ int graft_wait(struct proc *clone)
 		return -EPIPE;
 	if (poll(&pfd, 1, 20000) != 1 || read(clone->out, &r, sizeof(r)) != sizeof(r))
 		return -ETIMEDOUT;
+	if (threads_back)
+		*threads_back = r.op == 'E' ? r.v[1] : 0;
 	if (r.op == 'E')
 		return (int)r.v[0];
 	return r.op == 'P' ? 0 : -EPROTO;

@@ -70,6 +70,7 @@ void proc_end(struct proc *p);
 #define HELPER_THREADS		(1 << 1)	/* park a thread per extra source thread */
 #define HELPER_UNPRIVILEGED	(1 << 2)	/* drop to uid/gid 65534 after opening */
 #define HELPER_NO_API		(1 << 3)	/* skip BUNSHIN_IOC_API */
+#define HELPER_BAD_THREAD	(1 << 4)	/* also park a thread naming a tid the source lacks */
 
 struct graft_opts {
 	int flags;
@@ -82,8 +83,12 @@ struct graft_opts {
 
 /* Start a helper that grafts @src into itself; the clone answers on @clone. */
 int graft_start(struct proc *clone, struct proc *src, const struct graft_opts *o);
-/* Wait for the clone's answer to a ping: 0, or the graft's -errno. */
-int graft_wait(struct proc *clone);
+/*
+ * Wait for the clone's answer to a ping: 0, or the graft's -errno; then
+ * *@threads_back (if not NULL) is how many parked threads returned that errno.
+ */
+int graft_wait_threads(struct proc *clone, int *threads_back);
+#define graft_wait(clone) graft_wait_threads(clone, NULL)
 
 /* readers */
 int64_t pagemap_pfn(pid_t pid, uint64_t vaddr);
