@@ -11,10 +11,11 @@
  * the source is stopped; applying writes it into the calling thread and
  * cannot fail.
  *
- * The ioctl's own return value would overwrite the source's %rax, so %rax and
- * %orig_ax are set by a task work that runs at the start of the caller's way
- * back to user space (TWA_SIGNAL: inside get_signal(), before any signal is
- * handled). The kernel's own restart logic then sees exactly what the source
+ * The ioctl's own return value would overwrite the source's %rax (and
+ * sys_ioctl() returns an int), so %rax and %orig_ax are set by a task work
+ * that runs at the start of the caller's way back to user space (TWA_SIGNAL:
+ * inside get_signal(), before any signal is handled). The kernel's own
+ * restart logic then sees exactly what the source
  * would have seen: a thread stopped while blocked in read() has -ERESTARTSYS
  * in %rax and re-issues read() once it runs. A thread stopped before its
  * system call ran (at a PTRACE_SYSCALL entry stop, or frozen in place inside
@@ -27,6 +28,8 @@
 #include <linux/sched/task.h>
 #include <linux/sched/task_stack.h>
 #include <linux/signal.h>
+#include <linux/file.h>
+#include <linux/fs.h>
 #include <linux/slab.h>
 #include <linux/task_work.h>
 #include <asm/fpu/api.h>
@@ -38,6 +41,7 @@
 
 struct bunshin_resume {
 	struct callback_head work;
+	struct file *file;	/* /dev/bunshin, held so the module outlives the work */
 	unsigned long ax;
 	unsigned long orig_ax;
 };
@@ -68,15 +72,22 @@ struct bunshin_cpu {
 	u8 fpregs[] __aligned(64);
 };
 
+/*
+ * Runs in task_work_run(), from the module's text: the file reference keeps
+ * the module loaded, and the final fput() only queues the file's release as
+ * another task work, which runs after this function has returned.
+ */
 static void bunshin_resume_fn(struct callback_head *work)
 {
 	struct bunshin_resume *r = container_of(work, struct bunshin_resume, work);
 	struct pt_regs *regs = current_pt_regs();
+	struct file *file = r->file;
 
 	regs->ax = r->ax;
 	regs->orig_ax = r->orig_ax;
 	kfree(r);
 	atomic_dec(&bunshin_live_states);
+	fput(file);
 }
 
 static int bunshin_cpu_capture_signals(struct task_struct *t, struct bunshin_cpu *c)
@@ -96,7 +107,7 @@ static int bunshin_cpu_capture_signals(struct task_struct *t, struct bunshin_cpu
 	return 0;
 }
 
-static void bunshin_cpu_capture_regs(struct task_struct *t, struct bunshin_cpu *c)
+static int bunshin_cpu_capture_regs(struct task_struct *t, struct bunshin_cpu *c)
 {
 	struct fpstate *fps = t->thread.fpu.fpstate;
 	/*
@@ -108,10 +119,14 @@ static void bunshin_cpu_capture_regs(struct task_struct *t, struct bunshin_cpu *
 	c->regs = *task_pt_regs(t);
 	if ((long)c->regs.orig_ax >= 0 && c->regs.ax == in_flight)
 		c->regs.ax = (unsigned long)-ERESTARTNOINTR;
+	/* a trap flag its tracer set for single-stepping is not the program's */
+	if (test_tsk_thread_flag(t, TIF_FORCED_TF))
+		c->regs.flags &= ~X86_EFLAGS_TF;
 	c->fsbase = bunshin_syms.fsbase_read_task(t);
 	c->gsbase = bunshin_syms.gsbase_read_task(t);
 	c->pkru = t->thread.pkru;
 	memcpy(c->fpregs, &fps->regs, c->fpsize);
+	return 0;
 }
 
 static void bunshin_cpu_capture_task(struct task_struct *t, struct bunshin_cpu *c)
@@ -150,11 +165,12 @@ struct bunshin_cpu *bunshin_cpu_capture(struct task_struct *t, bool with_handler
 	struct fpstate *src_fps = t->thread.fpu.fpstate;
 	struct fpstate *dst_fps = current->thread.fpu.fpstate;
 	unsigned int state = READ_ONCE(t->__state);
+	unsigned long switches;
 	struct bunshin_cpu *c;
 	int err;
 
 	if (src_fps->size != dst_fps->size || src_fps->xfeatures != dst_fps->xfeatures ||
-	    test_tsk_thread_flag(t, TIF_ADDR32) || !user_64bit_mode(task_pt_regs(t)))
+	    test_tsk_thread_flag(t, TIF_ADDR32))
 		return ERR_PTR(-EOPNOTSUPP);
 	if (bunshin_fault(BUNSHIN_FAULT_ALLOC))
 		return ERR_PTR(-ENOMEM);
@@ -174,18 +190,39 @@ struct bunshin_cpu *bunshin_cpu_capture(struct task_struct *t, bool with_handler
 		if (!c->actions)
 			goto free;
 	}
-
-	/* the registers and fpstate in memory are current once @t is off its CPU */
-	err = -EBUSY;
-	if (!bunshin_syms.wait_task_inactive(t, state))
+	/* a thread that died has no stack, and so no pt_regs, to read */
+	err = -ESRCH;
+	if (!try_get_task_stack(t))
 		goto free;
-	bunshin_cpu_capture_regs(t, c);
+
+	/*
+	 * The registers and fpstate in memory are current once @t is off its
+	 * CPU; the copy holds if it is still stopped and was not switched in
+	 * meanwhile (the same count of context switches before and after).
+	 */
+	err = -EBUSY;
+	switches = bunshin_syms.wait_task_inactive(t, state);
+	if (!switches || !bunshin_thread_stopped(t))
+		goto put_stack;
+	if (!user_64bit_mode(task_pt_regs(t))) {
+		err = -EOPNOTSUPP;
+		goto put_stack;
+	}
+	err = bunshin_cpu_capture_regs(t, c);
+	if (err)
+		goto put_stack;
 	bunshin_cpu_capture_task(t, c);
 	err = bunshin_cpu_capture_signals(t, c);
 	if (err)
-		goto free;
+		goto put_stack;
+	err = -EBUSY;
+	if (bunshin_syms.wait_task_inactive(t, state) != switches || !bunshin_thread_stopped(t))
+		goto put_stack;
+	bunshin_syms.put_task_stack(t);
 	return c;
 
+put_stack:
+	bunshin_syms.put_task_stack(t);
 free:
 	bunshin_cpu_free(c);
 	return ERR_PTR(err);
@@ -246,11 +283,12 @@ static void bunshin_cpu_apply_task(struct bunshin_cpu *c)
 /**
  * bunshin_cpu_apply() - make the calling thread continue where @c stopped
  * @c: a captured state, consumed (freed) here
+ * @file: the /dev/bunshin file of the ioctl
  *
  * The caller must already run on the graft's address space: the pointers in
  * @c (rseq, robust list, signal stack) are addresses in it.
  */
-void bunshin_cpu_apply(struct bunshin_cpu *c)
+void bunshin_cpu_apply(struct bunshin_cpu *c, struct file *file)
 {
 	struct bunshin_resume *r = c->resume;
 
@@ -263,9 +301,11 @@ void bunshin_cpu_apply(struct bunshin_cpu *c)
 	c->resume = NULL;
 	r->ax = c->regs.ax;
 	r->orig_ax = c->regs.orig_ax;
+	r->file = get_file(file);
 	init_task_work(&r->work, bunshin_resume_fn);
 	if (task_work_add(current, &r->work, TWA_SIGNAL)) {
 		/* only an exiting task refuses work, and it never returns to user space */
+		fput(r->file);
 		kfree(r);
 		atomic_dec(&bunshin_live_states);
 	}

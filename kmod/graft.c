@@ -6,9 +6,10 @@
  *
  *   source   resolve the source, check the ptrace rule and that it is stopped
  *   park     wait until every other thread of the caller is parked in
- *            BUNSHIN_IOC_GRAFT_THREAD on this file
+ *            BUNSHIN_IOC_GRAFT_THREAD on this file, then commit
  *   capture  copy the source thread's CPU state (allocates all the rest needs)
- *   dup      duplicate the source's address space, copy-on-write
+ *   dup      duplicate the source's address space, copy-on-write, and check
+ *            the source stayed stopped
  *   switch   move the caller onto the duplicate          (point of no return)
  *   apply    give the caller the captured CPU state, release parked threads
  *
@@ -19,21 +20,26 @@
  * BUNSHIN_IOC_GRAFT_THREAD parks its thread until the graft is done, then
  * captures its source thread's state, switches onto the graft's address space
  * and applies the state. If the graft failed, it returns the graft's error;
- * a thread whose source is refused fails the whole graft with its error.
+ * a thread whose source is refused fails the whole graft with its error. A
+ * thread that cannot follow a graft that is done is killed, and its group
+ * with it: no thread may run on in the old address space beside the clone.
  */
+#include <linux/nsproxy.h>
 #include <linux/pid.h>
+#include <linux/time_namespace.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 
 #include "internal.h"
 
-struct bunshin_session *bunshin_session_new(void)
+struct bunshin_session *bunshin_session_new(struct file *file)
 {
 	struct bunshin_session *s = kzalloc(sizeof(*s), GFP_KERNEL);
 
 	if (!s)
 		return NULL;
+	s->file = file;
 	mutex_init(&s->lock);
 	init_waitqueue_head(&s->wq);
 	s->state = BUNSHIN_SESSION_NEW;
@@ -99,6 +105,9 @@ static int bunshin_session_enter(struct bunshin_session *s, bool parking)
 static void bunshin_session_finish(struct bunshin_session *s, struct bunshin_source *src,
 				   struct mm_struct *mm, int err)
 {
+	/* an interrupted wait's restart code means nothing to the other threads */
+	if (err == -ERESTARTSYS)
+		err = -EINTR;
 	mutex_lock(&s->lock);
 	if (err) {
 		s->state = BUNSHIN_SESSION_FAILED;
@@ -121,16 +130,41 @@ static bool bunshin_all_parked(struct bunshin_session *s)
 	       READ_ONCE(s->state) == BUNSHIN_SESSION_FAILED;
 }
 
-/* A thread whose source is refused fails its whole group's graft. */
+/* A thread whose source is refused fails its own group's graft, until that commits. */
 static void bunshin_session_refuse(struct bunshin_session *s, int err)
 {
 	mutex_lock(&s->lock);
-	if (s->state == BUNSHIN_SESSION_READY || s->state == BUNSHIN_SESSION_GRAFTING) {
+	if ((s->state == BUNSHIN_SESSION_READY || s->state == BUNSHIN_SESSION_GRAFTING) &&
+	    !s->committed && !bunshin_session_join(s)) {
 		s->state = BUNSHIN_SESSION_FAILED;
 		s->error = err;
 	}
 	mutex_unlock(&s->lock);
 	wake_up_all(&s->wq);
+}
+
+/*
+ * Wait until every other thread of the caller is parked (re-checking now and
+ * then: a thread that exits instead does not wake us), then commit: from here
+ * on no refused thread can fail the graft.
+ */
+static int bunshin_session_commit(struct bunshin_session *s)
+{
+	long left;
+	int err = 0;
+
+	while (!bunshin_all_parked(s)) {
+		left = wait_event_killable_timeout(s->wq, bunshin_all_parked(s), HZ / 10);
+		if (left < 0)
+			return left;
+	}
+	mutex_lock(&s->lock);
+	if (s->state == BUNSHIN_SESSION_FAILED)
+		err = s->error;		/* a parked thread's source was refused */
+	else
+		s->committed = true;
+	mutex_unlock(&s->lock);
+	return err;
 }
 
 long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
@@ -146,9 +180,7 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 	err = bunshin_source_get(req, &src);
 	if (err)
 		goto fail;
-	err = wait_event_killable(s->wq, bunshin_all_parked(s));
-	if (!err && READ_ONCE(s->state) == BUNSHIN_SESSION_FAILED)
-		err = READ_ONCE(s->error);	/* a parked thread's source was refused */
+	err = bunshin_session_commit(s);
 	if (err)
 		goto put_source;
 	err = -EINVAL;
@@ -165,9 +197,17 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 		err = PTR_ERR(mm);
 		goto free_cpu;
 	}
+	/* the copy is of a stopped source only if it stayed stopped throughout */
+	err = -EBUSY;
+	if (!bunshin_group_stopped(src.thread->group_leader))
+		goto put_mm;
 	err = bunshin_mm_switch(mm, true);
 	if (err)
 		goto put_mm;
+#ifdef CONFIG_TIME_NS
+	/* the vvar pages were copied as the source's: fault them in for our time namespace */
+	bunshin_syms.vdso_join_timens(current, current->nsproxy->time_ns);
+#endif
 
 	if (bunshin_fault(BUNSHIN_FAULT_STATE)) {
 		bunshin_cpu_free(cpu);
@@ -175,7 +215,7 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 		force_sig(SIGKILL);
 		goto put_source;
 	}
-	bunshin_cpu_apply(cpu);
+	bunshin_cpu_apply(cpu, s->file);
 	bunshin_session_finish(s, &src, mm, 0);
 	bunshin_source_put(&src);
 	return 0;
@@ -237,26 +277,34 @@ long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft 
 	mm = bunshin_session_adopt(s, &src);
 	if (IS_ERR(mm)) {
 		err = PTR_ERR(mm);
+		/* a thread of another source, beside a graft that is done */
+		if (READ_ONCE(s->state) == BUNSHIN_SESSION_DONE)
+			force_sig(SIGKILL);
 		goto put_source;
 	}
 	if (err)
-		goto put_mm;
+		goto kill;
 
+	/*
+	 * The graft is done and our group runs on its address space: a thread
+	 * that cannot follow must not run on in the old one (SIGKILL, the group).
+	 */
 	cpu = bunshin_cpu_capture(src.thread, false);
 	if (IS_ERR(cpu)) {
 		err = PTR_ERR(cpu);
-		goto put_mm;
+		goto kill;
 	}
 	err = bunshin_mm_switch(mm, false);
 	if (err) {
 		bunshin_cpu_free(cpu);
-		goto put_mm;
+		goto kill;
 	}
-	bunshin_cpu_apply(cpu);
+	bunshin_cpu_apply(cpu, s->file);
 	bunshin_source_put(&src);
 	return 0;
 
-put_mm:
+kill:
+	force_sig(SIGKILL);
 	mmput(mm);
 put_source:
 	bunshin_source_put(&src);

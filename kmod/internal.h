@@ -14,6 +14,7 @@
 /* symbols.c: kernel helpers that are not exported, resolved at load time */
 struct pid_namespace;
 struct sighand_struct;
+struct time_namespace;
 
 struct bunshin_syms {
 	struct kmem_cache **mm_cachep;
@@ -35,6 +36,8 @@ struct bunshin_syms {
 	struct sighand_struct *(*lock_task_sighand)(struct task_struct *task,
 						    unsigned long *flags);
 	void (*set_task_comm)(struct task_struct *tsk, const char *from, bool exec);
+	void (*put_task_stack)(struct task_struct *tsk);
+	int (*vdso_join_timens)(struct task_struct *task, struct time_namespace *ns);
 };
 
 extern struct bunshin_syms bunshin_syms;
@@ -65,6 +68,8 @@ struct bunshin_source {
 };
 
 int bunshin_source_get(const struct bunshin_graft *req, struct bunshin_source *src);
+bool bunshin_thread_stopped(struct task_struct *t);
+bool bunshin_group_stopped(struct task_struct *leader);
 void bunshin_source_put(struct bunshin_source *src);
 
 /* mm.c: the copy-on-write duplicate and the switch onto it */
@@ -75,7 +80,7 @@ int bunshin_mm_switch(struct mm_struct *mm, bool new_mm);
 struct bunshin_cpu;
 
 struct bunshin_cpu *bunshin_cpu_capture(struct task_struct *t, bool with_handlers);
-void bunshin_cpu_apply(struct bunshin_cpu *cpu);
+void bunshin_cpu_apply(struct bunshin_cpu *cpu, struct file *file);
 void bunshin_cpu_free(struct bunshin_cpu *cpu);
 
 /* graft.c: one open file, the graft it performs and the threads parked for it */
@@ -88,9 +93,11 @@ enum bunshin_session_state {
 };
 
 struct bunshin_session {
+	struct file *file;		/* the open /dev/bunshin this session is */
 	struct mutex lock;		/* protects every field below but wq */
 	enum bunshin_session_state state;
 	int error;			/* why the graft failed, for parked threads */
+	bool committed;			/* the graft is past waiting: no thread can fail it now */
 	struct pid *caller;		/* thread group of the first caller */
 	struct pid *source;		/* thread group grafted */
 	struct mm_struct *mm;		/* the copy, held while parked threads adopt it */
@@ -98,7 +105,7 @@ struct bunshin_session {
 	wait_queue_head_t wq;
 };
 
-struct bunshin_session *bunshin_session_new(void);
+struct bunshin_session *bunshin_session_new(struct file *file);
 void bunshin_session_free(struct bunshin_session *s);
 long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req);
 long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft *req);

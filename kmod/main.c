@@ -35,7 +35,7 @@
 
 static int bunshin_open(struct inode *inode, struct file *file)
 {
-	struct bunshin_session *s = bunshin_session_new();
+	struct bunshin_session *s = bunshin_session_new(file);
 
 	if (!s)
 		return -ENOMEM;

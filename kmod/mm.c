@@ -16,12 +16,28 @@
 #include <linux/mm.h>
 #include <linux/mmap_lock.h>
 #include <linux/module.h>
+#include <linux/cred.h>
+#include <linux/sched/coredump.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <asm/mmu_context.h>
 
 #include "internal.h"
+
+/*
+ * The stricter of two dumpable modes: a clone is no more open to ptrace and
+ * core dumps than its caller (whose credentials it runs with) or its source
+ * (whose memory it holds). SUID_DUMP_USER < SUID_DUMP_ROOT < SUID_DUMP_DISABLE.
+ */
+static int bunshin_dumpable(int caller, int source)
+{
+	if (caller == SUID_DUMP_DISABLE || source == SUID_DUMP_DISABLE)
+		return SUID_DUMP_DISABLE;
+	if (caller == SUID_DUMP_ROOT || source == SUID_DUMP_ROOT)
+		return SUID_DUMP_ROOT;
+	return SUID_DUMP_USER;
+}
 
 /**
  * bunshin_mm_dup() - a copy-on-write duplicate of @oldmm owned by the caller
@@ -43,12 +59,19 @@ struct mm_struct *bunshin_mm_dup(struct mm_struct *oldmm)
 		kmem_cache_free(*bunshin_syms.mm_cachep, mm);
 		return ERR_PTR(-ENOMEM);
 	}
-	/* mm_init() frees @mm when it fails */
-	if (!bunshin_syms.mm_init(mm, current, mm->user_ns))
+	/*
+	 * The clone runs with the caller's credentials, so its mm belongs to the
+	 * caller's user namespace, as exec's new mm does. mm_init() frees @mm
+	 * when it fails.
+	 */
+	if (!bunshin_syms.mm_init(mm, current, current_user_ns()))
 		return ERR_PTR(-ENOMEM);
-	/* mm_init() took these from the caller's mm; a fork child keeps its parent's */
+	/* the source's dump filter and THP opt-out, as a fork child keeps its parent's */
 	mm->flags = oldmm->flags & MMF_INIT_MASK;
 	mm->def_flags = oldmm->def_flags & VM_INIT_DEF_MASK;
+	set_mask_bits(&mm->flags, MMF_DUMPABLE_MASK,
+		      bunshin_dumpable(__get_dumpable(current->mm->flags),
+				       __get_dumpable(oldmm->flags)));
 
 	err = bunshin_syms.dup_mmap(mm, oldmm);
 	if (!err && bunshin_fault(BUNSHIN_FAULT_COPY))

@@ -10,39 +10,68 @@
  * anyone access they did not have. Every thread of the source must be stopped:
  * frozen (either cgroup freezer), in a group stop or in a ptrace stop.
  */
+#include <linux/mm.h>
 #include <linux/pid.h>
 #include <linux/pid_namespace.h>
 #include <linux/ptrace.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/sched/task.h>
+#include <linux/userfaultfd_k.h>
 
 #include "internal.h"
 
-static bool bunshin_thread_stopped(struct task_struct *t)
+bool bunshin_thread_stopped(struct task_struct *t)
 {
 	unsigned int state = READ_ONCE(t->__state);
 
+	if (t->flags & PF_EXITING)
+		return false;
 	if (state & (__TASK_STOPPED | __TASK_TRACED | TASK_FROZEN))
 		return true;
-	/* the cgroup v2 freezer parks its tasks in do_freezer_trap() */
-	return t->frozen;
+	/*
+	 * The cgroup v2 freezer parks its tasks in do_freezer_trap(); ->frozen
+	 * alone is also set for a vfork parent, which may wake at any time.
+	 */
+	return t->frozen && (READ_ONCE(t->jobctl) & JOBCTL_TRAP_FREEZE);
 }
 
-static bool bunshin_group_stopped(struct task_struct *leader)
+bool bunshin_group_stopped(struct task_struct *leader)
 {
 	struct task_struct *t;
 	bool stopped = true;
 
 	rcu_read_lock();
 	for_each_thread(leader, t) {
-		if (!bunshin_thread_stopped(t) || (t->flags & PF_EXITING)) {
+		if (!bunshin_thread_stopped(t)) {
 			stopped = false;
 			break;
 		}
 	}
 	rcu_read_unlock();
 	return stopped;
+}
+
+/*
+ * A source with userfaultfd-registered ranges is refused: dup_mmap() would
+ * hand the source's monitor a userfaultfd on the clone (a fork event) and
+ * wait for the monitor to read it.
+ */
+static int bunshin_mm_check(struct mm_struct *mm)
+{
+	struct vm_area_struct *vma;
+	int err = mmap_read_lock_killable(mm);
+
+	if (err)
+		return err;
+	for (vma = find_vma(mm, 0); vma; vma = find_vma(mm, vma->vm_end)) {
+		if (!userfaultfd_missing(vma) && !userfaultfd_wp(vma) && !userfaultfd_minor(vma))
+			continue;
+		err = -EOPNOTSUPP;
+		break;
+	}
+	mmap_read_unlock(mm);
+	return err;
 }
 
 static struct pid *bunshin_source_pid(const struct bunshin_graft *req)
@@ -58,14 +87,16 @@ static struct pid *bunshin_source_pid(const struct bunshin_graft *req)
 	return pid ? pid : ERR_PTR(-ESRCH);
 }
 
-static struct task_struct *bunshin_source_thread(struct task_struct *task, u32 tid)
+/* thread @tid of @task's group, numbered in @ns (the pid namespace of the source's pid) */
+static struct task_struct *bunshin_source_thread(struct task_struct *task, struct pid_namespace *ns,
+						 u32 tid)
 {
 	struct task_struct *t;
 
 	if (!tid)
 		return task;
 	rcu_read_lock();
-	t = pid_task(find_pid_ns(tid, task_active_pid_ns(task)), PIDTYPE_PID);
+	t = pid_task(find_pid_ns(tid, ns), PIDTYPE_PID);
 	if (t && same_thread_group(t, task))
 		get_task_struct(t);
 	else
@@ -83,7 +114,7 @@ static struct task_struct *bunshin_source_thread(struct task_struct *task, u32 t
  * Return: 0; -EINVAL for a pid that cannot be one, the caller itself or a
  * kernel thread; -EBADF for a bad pidfd; -ESRCH for a source that is gone;
  * -EPERM when the caller may not ptrace-attach to it; -EBUSY when a thread of
- * it is running.
+ * it is running; -EOPNOTSUPP for one with userfaultfd-registered ranges.
  */
 int bunshin_source_get(const struct bunshin_graft *req, struct bunshin_source *src)
 {
@@ -96,10 +127,9 @@ int bunshin_source_get(const struct bunshin_graft *req, struct bunshin_source *s
 	if (IS_ERR(pid))
 		return PTR_ERR(pid);
 	task = get_pid_task(pid, PIDTYPE_PID);
+	if (task)
+		task = bunshin_source_thread(task, ns_of_pid(pid), req->tid);
 	put_pid(pid);
-	if (!task)
-		return -ESRCH;
-	task = bunshin_source_thread(task, req->tid);
 	if (!task)
 		return -ESRCH;
 
@@ -114,6 +144,9 @@ int bunshin_source_get(const struct bunshin_graft *req, struct bunshin_source *s
 	}
 	err = -EBUSY;
 	if (!bunshin_group_stopped(task->group_leader))
+		goto put_mm;
+	err = bunshin_mm_check(mm);
+	if (err)
 		goto put_mm;
 
 	src->thread = task;

@@ -44,6 +44,10 @@ static const struct bunshin_sym bunshin_sym_table[] = {
 	BUNSHIN_SYM(pidfd_get_pid, "pidfd_get_pid"),
 	BUNSHIN_SYM(lock_task_sighand, "__lock_task_sighand"),
 	BUNSHIN_SYM(set_task_comm, "__set_task_comm"),
+	BUNSHIN_SYM(put_task_stack, "put_task_stack"),
+#ifdef CONFIG_TIME_NS
+	BUNSHIN_SYM(vdso_join_timens, "vdso_join_timens"),
+#endif
 #ifdef BUNSHIN_TEST_MISSING_SYMBOL
 	/* kmod/vmtest builds a second module with a symbol no kernel has, to see it refused */
 	BUNSHIN_SYM(switch_mm, BUNSHIN_TEST_MISSING_SYMBOL),
@@ -51,6 +55,14 @@ static const struct bunshin_sym bunshin_sym_table[] = {
 };
 
 typedef unsigned long (*bunshin_lookup_fn)(const char *name);
+typedef int (*bunshin_each_match_fn)(int (*fn)(void *data, unsigned long addr),
+				     const char *name, void *data);
+
+static int bunshin_count_match(void *data, unsigned long addr)
+{
+	(*(unsigned int *)data)++;
+	return 0;
+}
 
 static bunshin_lookup_fn bunshin_find_lookup(void)
 {
@@ -72,18 +84,31 @@ static bunshin_lookup_fn bunshin_find_lookup(void)
 int bunshin_syms_resolve(void)
 {
 	bunshin_lookup_fn lookup = bunshin_find_lookup();
+	bunshin_each_match_fn each_match;
 	size_t i;
 
 	if (!lookup) {
-		pr_err("cannot load: symbol kallsyms_lookup_name not found (kprobes disabled?)\n");
+		pr_err("cannot load: kernel symbol kallsyms_lookup_name not found (no kprobes?)\n");
+		return -ENOENT;
+	}
+	each_match = (bunshin_each_match_fn)lookup("kallsyms_on_each_match_symbol");
+	if (!each_match) {
+		pr_err("cannot load: kernel symbol kallsyms_on_each_match_symbol not found\n");
 		return -ENOENT;
 	}
 	for (i = 0; i < ARRAY_SIZE(bunshin_sym_table); i++) {
 		const struct bunshin_sym *sym = &bunshin_sym_table[i];
 		unsigned long addr = lookup(sym->name);
+		unsigned int matches = 0;
 
 		if (!addr) {
 			pr_err("cannot load: kernel symbol %s not found\n", sym->name);
+			return -ENOENT;
+		}
+		each_match(bunshin_count_match, sym->name, &matches);
+		if (matches != 1) {
+			pr_err("cannot load: kernel symbol %s is ambiguous (%u of them)\n",
+			       sym->name, matches);
 			return -ENOENT;
 		}
 		*(unsigned long *)((char *)&bunshin_syms + sym->offset) = addr;

@@ -28,12 +28,14 @@ class KmodVerdict:
 
 
 def required_symbols(symbols_c: Path = KMOD_DIR / "symbols.c") -> list[str]:
-    """The kernel symbols the module looks up by name (kallsyms_lookup_name itself is found through a kprobe)."""
+    """The kernel symbols the module looks up by name (kallsyms_lookup_name itself is found through a kprobe, and
+    kallsyms_on_each_match_symbol checks that each name is unique)."""
     try:
         text = symbols_c.read_text()
     except OSError:
         return []
-    return ["kallsyms_lookup_name", *re.findall(r'BUNSHIN_SYM\(\w+, "(\w+)"\)', text)]
+    return ["kallsyms_lookup_name", "kallsyms_on_each_match_symbol",
+            *re.findall(r'BUNSHIN_SYM\(\w+, "(\w+)"\)', text)]
 
 
 def kallsyms_names(path: str = "/proc/kallsyms") -> set[str]:

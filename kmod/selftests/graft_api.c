@@ -51,7 +51,7 @@ int main(void)
 	int fd, pidfd, err, status, back;
 	pid_t gone;
 
-	tap_plan(18);
+	tap_plan(19);
 	if (access("/dev/bunshin", F_OK)) {
 		tap_skip("graft_api", "/dev/bunshin missing (module not loaded)");
 		tap_exit();
@@ -78,6 +78,23 @@ int main(void)
 	if (source_start(&src, 1 << 20, 0))
 		return KSFT_FAIL;
 	expect(graft_errno(0, src.pid, 0, 0, 0), EBUSY, "a running source: EBUSY");
+	{
+		struct cmd v = { .op = 'V' };
+		char path[64];
+		long child;
+
+		/* a vfork parent's wait counts as frozen for the freezer, but it is not stopped */
+		if (write(src.cmd, &v, sizeof(v)) != sizeof(v))
+			return KSFT_FAIL;
+		usleep(200000);
+		expect(graft_errno(0, src.pid, 0, 0, 0), EBUSY, "a vfork parent waiting for its child: EBUSY");
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", src.pid, src.pid);
+		child = file_long(path, NULL);
+		if (child > 0)
+			kill(child, SIGKILL);
+		if (read(src.out, &r, sizeof(r)) != sizeof(r))
+			return KSFT_FAIL;
+	}
 	source_stop(&src, STOP_SIGSTOP);
 	expect(graft_errno(1U << 7, src.pid, 0, 0, 0), EINVAL, "an unknown flag: EINVAL");
 	expect(graft_errno(0, src.pid, 0, 1, 0), EINVAL, "a non-zero reserved0: EINVAL");

@@ -202,6 +202,17 @@ static void source_serve(void)
 			r.v[1] = child;
 			break;
 		}
+		case 'V': {
+			/* a vfork parent waits, marked frozen for the cgroup freezer's sake */
+			pid_t child = vfork();
+
+			if (child == 0) {
+				syscall(SYS_pause);
+				_exit(0);
+			}
+			r.v[0] = child;
+			break;
+		}
 		case 'Q':
 			_exit(0);
 		}
