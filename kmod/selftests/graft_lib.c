@@ -230,6 +230,8 @@ static void source_main(size_t size, int threads)
 	size_t i;
 
 	tls_magic = MAGIC;
+	/* read the clock through the vDSO once: its vvar pages are mapped from now on */
+	now_ns();
 	region_size = size;
 	region = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	sh = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -267,8 +269,12 @@ static int spawn_pipes(int cmd[2], int out[2])
 /* in the child: the pipes' far ends become CMD_FD and OUT_FD */
 static void child_fds(int cmd[2], int out[2])
 {
-	dup2(cmd[0], CMD_FD);
-	dup2(out[1], OUT_FD);
+	/* through fds above both targets: either end may already be CMD_FD or OUT_FD */
+	int in = fcntl(cmd[0], F_DUPFD_CLOEXEC, 100);
+	int reply = fcntl(out[1], F_DUPFD_CLOEXEC, 100);
+
+	dup2(in, CMD_FD);
+	dup2(reply, OUT_FD);
 }
 
 int source_start(struct proc *src, size_t size, int threads)
