@@ -450,7 +450,7 @@ static void *graft_thread(void *p)
 	return NULL;
 }
 
-static int source_tids(pid_t pid, uint32_t *tids, int max)
+int other_threads(pid_t pid, uint32_t *tids, int max)
 {
 	char path[64];
 	struct dirent *d;
@@ -507,15 +507,10 @@ static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 		if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
 			helper_fail(errno);
 	}
-	if (!(o->flags & HELPER_NO_API) && api(fd))
+	if (api(fd))
 		helper_fail(errno);
-	if (o->graft_flags || o->source) {
-		req.flags = o->graft_flags;
-		req.source = o->source;
-	}
-	req.reserved0 = o->reserved0;
 	if (o->flags & (HELPER_THREADS | HELPER_BAD_THREAD)) {
-		n = source_tids(src_pid, tids, 15);
+		n = other_threads(src_pid, tids, 15);
 		if (o->flags & HELPER_BAD_THREAD)
 			tids[n++] = 0x3ffffff0;
 		for (i = 0; i < n; i++) {

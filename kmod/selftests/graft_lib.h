@@ -69,15 +69,11 @@ void proc_end(struct proc *p);
 #define HELPER_NEWNS		(1 << 0)	/* new pid, mount, net, uts, ipc namespaces */
 #define HELPER_THREADS		(1 << 1)	/* park a thread per extra source thread */
 #define HELPER_UNPRIVILEGED	(1 << 2)	/* drop to uid/gid 65534 after opening */
-#define HELPER_NO_API		(1 << 3)	/* skip BUNSHIN_IOC_API */
-#define HELPER_BAD_THREAD	(1 << 4)	/* also park a thread naming a tid the source lacks */
+#define HELPER_BAD_THREAD	(1 << 3)	/* also park a thread naming a tid the source lacks */
 
 struct graft_opts {
 	int flags;
 	const char *cgroup;		/* cgroup v2 directory to join, or NULL */
-	uint32_t graft_flags;		/* overrides BUNSHIN_GRAFT_PIDFD if set */
-	int32_t source;			/* with graft_flags: the raw source field */
-	uint32_t reserved0;
 	char preload;			/* a command queued for the clone before the helper starts */
 };
 
@@ -91,6 +87,7 @@ int graft_wait_threads(struct proc *clone, int *threads_back);
 #define graft_wait(clone) graft_wait_threads(clone, NULL)
 
 /* readers */
+int other_threads(pid_t pid, uint32_t *tids, int max);	/* thread ids but the leader's */
 int64_t pagemap_pfn(pid_t pid, uint64_t vaddr);
 long smaps_value(pid_t pid, const char *field);	/* kB; -1 if absent */
 long status_value(pid_t pid, const char *field);	/* kB; -1 if absent */
