@@ -112,6 +112,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
 class RolloutResult(msgspec.Struct, kw_only=True):
     trajectory: Trajectory
     peak_memory_bytes: int = 0  # the run's memory when this rollout finished (for progress displays)
+    policy_version: int = 0  # the engine's policy version when its group started (pull) or its stream began
+    staleness: int | None = None  # pull mode: the trainer's version when it was handed out, minus policy_version
 
 
 _encoder = msgspec.json.Encoder()

@@ -38,6 +38,7 @@ from .outcomes import Phase, classify, describe
 from .prefix.cache import PrefixCache
 from .prefix.settings import PrefixSettings
 from .prefix.walk import Walk
+from .pull import Puller, PullError
 from .records import RolloutRequest, RolloutResult, TaskSpec, Trajectory
 from .sample import SampleRun, SampleSettings
 from .speculation.branch import SampleSpeculation
@@ -87,6 +88,8 @@ class RolloutEngine:
             speculation = dataclasses.replace(speculation, model_dir=prefix.cache_dir)
         self.speculation = speculation
         self.speculator: Speculator | None = None
+        self.policy_version = 0  # the trainer's: stamped on every decision and result (``set_policy_version``)
+        self._puller: Puller | None = None
 
     # -- life cycle -------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutEngine:
@@ -126,6 +129,9 @@ class RolloutEngine:
             await cache.close()
 
     async def __aexit__(self, *exc: object) -> None:
+        puller, self._puller = self._puller, None
+        if puller is not None:
+            await puller.close()
         for producer in self._streams:  # streams whose consumer left without closing them
             producer.cancel()
         await asyncio.gather(*self._streams, return_exceptions=True)
@@ -175,6 +181,51 @@ class RolloutEngine:
             await asyncio.gather(producer, return_exceptions=True)
             self._streams.discard(producer)
 
+    # -- pull mode --------------------------------------------------------------------------------------------------
+    def set_policy_version(self, version: int) -> None:
+        """The trainer's policy is now ``version`` (it updated the weights the policy serves): decisions asked for
+        from now on are stamped with it, and pull mode may run further ahead. Versions never go back."""
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"a policy version is an int, got {version!r}")
+        if version < self.policy_version:
+            raise ValueError(f"policy version {version} is older than the current {self.policy_version}")
+        self.policy_version = version
+        if self._puller is not None:
+            self._puller.version_changed()
+
+    def pull(self, source: Iterable[RolloutRequest], *, batch_size: int, max_staleness: int = 1,
+             whole_groups: bool = True) -> None:
+        """Start rolling out the groups of ``source`` (an iterable of requests, possibly endless) for a trainer
+        that pulls with ``get_batch``: at most ``(versions since now + max_staleness + 1) * batch_size`` rollouts
+        are ever started (``engine/pull.py`` says why that bounds staleness), whole groups only. One pull per
+        engine; it stops when the engine closes."""
+        self._gate()
+        if self._puller is not None:
+            raise PullError("this engine is already pulling; one pull per engine")
+        open_groups: list[asyncio.Semaphore] = []  # sized by the first group, as ``_produce`` sizes it
+
+        async def run_group(request: RolloutRequest, finish: Finish) -> None:
+            if not open_groups:
+                open_groups.append(asyncio.Semaphore(max(2, -(-self.concurrency // request.group_size) + 1)))
+            await self._group(request, open_groups[0], finish)
+
+        self._puller = Puller(source, batch_size=batch_size, max_staleness=max_staleness, whole_groups=whole_groups,
+                              version=lambda: self.policy_version, run_group=run_group,
+                              peak_bytes=lambda: self.meter.peak_bytes)
+        self._puller.start()
+
+    async def get_batch(self, n: int) -> list[RolloutResult]:
+        """The next ``n`` finished rollouts of the pull, oldest first (lowest starting policy version, then
+        finishing order), each stamped with ``policy_version`` and ``staleness``; whole groups unless the pull
+        said otherwise. Fewer than ``n`` only once the source is used up (``[]`` when all were handed out)."""
+        if self._puller is None:
+            raise PullError("get_batch() before pull(source, batch_size=...)")
+        return await self._puller.get_batch(n)
+
+    def pull_statistics(self) -> dict[str, int] | None:
+        """Pull mode's counters: rollouts started, running, ready, handed out, and the current capacity."""
+        return self._puller.statistics() if self._puller is not None else None
+
     @staticmethod
     async def _next(queue: asyncio.Queue[RolloutResult], producer: asyncio.Future[None]) -> RolloutResult:
         """The next result; if the producer ended without giving one (a bug of ours), its exception."""
@@ -199,8 +250,11 @@ class RolloutEngine:
         largest = max((r.group_size for r in requests), default=1)
         open_groups = asyncio.Semaphore(max(2, -(-self.concurrency // largest) + 1))
 
+        started = self.policy_version
+
         async def finish(t: Trajectory) -> None:
-            await queue.put(RolloutResult(trajectory=t, peak_memory_bytes=self.meter.peak_bytes))
+            await queue.put(RolloutResult(trajectory=t, peak_memory_bytes=self.meter.peak_bytes,
+                                          policy_version=started))
 
         async with asyncio.TaskGroup() as groups:
             for request in requests:
@@ -309,7 +363,8 @@ class RolloutEngine:
                                 execute=self.execute_call, call_timeout_s=self.settings.call_timeout_s)
 
                 await SampleRun(self.suite, self.policy, self._gate(), self.settings, self.execute_call, task, None,
-                                first, t, walk=walk, speculation=self._speculation(t, task)).run(lambda: None)
+                                first, t, walk=walk, speculation=self._speculation(t, task),
+                                policy_version=self._version).run(lambda: None)
                 await finish(t)
 
             async with asyncio.TaskGroup() as samples:
@@ -333,7 +388,7 @@ class RolloutEngine:
 
         async def one(t: Trajectory) -> None:
             await SampleRun(self.suite, self.policy, gate, self.settings, self.execute_call, task, base, first,
-                            t, speculation=self._speculation(t, task)).run(one_forked)
+                            t, speculation=self._speculation(t, task), policy_version=self._version).run(one_forked)
             await finish(t)
 
         async def close_base_when_forked() -> None:
@@ -355,6 +410,9 @@ class RolloutEngine:
             if key not in self._roots:
                 self._roots[key] = await self.runtime.create(spec, seed=derive_seed("root", key))
             return self._roots[key]
+
+    def _version(self) -> int:
+        return self.policy_version
 
     def _gate(self) -> AdmissionGate:
         if self.gate is None:

@@ -46,7 +46,8 @@ class SampleRun:
     def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
                  execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask,
                  base: Workspace | None, first: Observation, trajectory: Trajectory,
-                 walk: Callable[[], Walk] | None = None, speculation: SampleSpeculation | None = None):
+                 walk: Callable[[], Walk] | None = None, speculation: SampleSpeculation | None = None,
+                 policy_version: Callable[[], int] = lambda: 0):
         """Either ``base`` (the sample forks it and executes every call) or ``walk`` (the prefix cache: the
         sample walks the tree from the task's root and gets a workspace only at its first miss). ``speculation``:
         while the policy decides, predicted calls run in forks of the sample's workspace (``engine/speculation``);
@@ -56,6 +57,7 @@ class SampleRun:
         self.task, self.base, self.first, self.trajectory = task, base, first, trajectory
         self.make_walk = walk
         self.speculation = speculation
+        self.policy_version = policy_version  # the trainer's version now: stamped on each decision's context
         self.walk: Walk | None = None
         self.phase = Phase.ENGINE
         self.ws: Workspace | None = None
@@ -199,6 +201,7 @@ class SampleRun:
         self.phase = Phase.DECIDE
         await await_points.reached("sample.decide")
         limit = self.settings.decide_timeout_s
+        episode.context.policy_version = self.policy_version()
         try:
             async with asyncio.timeout(limit) as scope:
                 return await self.policy.decide(episode.context)

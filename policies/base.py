@@ -42,6 +42,7 @@ class PolicyContext:
     actions: list[str] = field(default_factory=list)  # what it did so far (action text or canonical call)
     step: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0  # the trainer's policy version when this decision was asked for (the engine sets it)
 
 
 class Policy(abc.ABC):
