@@ -1,10 +1,9 @@
 """A policy that asks a model server: an OpenAI-compatible chat-completions client (vLLM, SGLang) with tool calling.
 
-Owns: ``OpenAIPolicy`` (the prompt built from a ``PolicyContext``, the request, and reading the reply back into a
-``Decision`` with the response's token ids and log-probs when the server returns them), ``DEFAULT_PROMPTS`` (one
-system prompt per suite: its action language in prose, its list of actions generated from the suite's tool schema),
-``ACT_TOOL`` (the default tool), and ``suite_tools`` with ``SUITE_TOOL_PROMPTS`` (``tools="suite"``: the suite's
-own tools offered as functions generated from its schema, ``SUITE_SCHEMAS``).
+Owns: ``OpenAIPolicy`` (the conversation built from a ``PolicyContext``, the request, and reading the reply back
+into a ``Decision`` with the response's token ids, log-probs and finish reason when the server returns them). The
+prompts and tools it offers (``DEFAULT_PROMPTS``, ``ACT_TOOL``, ``suite_tools``...) are ``prompts.py``'s, re-exported
+here.
 The conversation grows by appending (``OpenAIPolicy.messages``, a pure function of the ``PolicyContext``, whose
 ``replies`` hold the assistant messages the server returned): assistant ``tool_calls`` answered by ``role: tool``
 messages with their ``tool_call_id``, so each turn's prompt tokens start with the previous turn's prompt and
@@ -60,109 +59,27 @@ from typing import Any, Literal
 import aiohttp
 import msgspec
 
-from bunshin.envs.desktop import suite as desktop_suite
-from bunshin.envs.desktop import tools as desktop_tools
 from bunshin.envs.records import ToolCall
 from bunshin.envs.seeds import derive_seed
-from bunshin.envs.suites.tools import ToolSchema
-from bunshin.envs.webshop import tools as webshop_tools
 
 from .base import ContextLengthExceeded, Decision, Policy, PolicyContext, PolicyError, ServerConfigError
+from .prompts import (
+    ACT_TOOL,
+    ACT_TOOL_NAME,
+    DEFAULT_PROMPTS,
+    EXAMPLES,
+    GENERIC_PROMPT,
+    SUITE_SCHEMAS,
+    SUITE_TOOL_PROMPTS,
+    TEXT_SUFFIX,
+    TOOL_SUFFIX,
+    strip_fences,
+    suite_tools,
+)
 
 __all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "NOT_RUN", "RETRY_STATUSES", "SUITE_SCHEMAS", "SUITE_TOOL_PROMPTS",
            "OpenAIPolicy", "strip_fences", "suite_tools"]
 
-ACT_TOOL_NAME = "act"
-
-ACT_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": ACT_TOOL_NAME,
-        "description": "Take the next action in the environment.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "action": {
-                    "type": "string",
-                    "description": "The next action, written exactly in the task's action language "
-                                   "(see the system prompt).",
-                },
-            },
-            "required": ["action"],
-        },
-    },
-}
-
-_WEBSHOP_INTRO = """\
-You are an autonomous agent operating a web browser on an online shop. Each observation is the accessibility \
-tree of the current page: every element you can act on is shown with its numeric id in square brackets, like \
-[12] button 'Add to Cart'."""
-
-# The action language (how an action is written) is prose; the list of actions is generated from the suite's schema.
-_WEBSHOP_LANGUAGE = """\
-Actions (one per turn) are written as the action's name followed by its arguments, each in square brackets, in \
-the order listed below: click [id] clicks the element with this id; type [id] [text] [1] types text into a field \
-and then presses Enter (a true/false argument is written 1 or 0: [0] types without pressing Enter); stop [answer] \
-finishes the task. An argument with a default may be left out at the end (stop alone is stop []). Use only ids \
-that appear in the current observation; stop [N/A] if the task cannot be done.
-
-The actions, with their arguments:
-{listing}"""
-
-_DESKTOP_INTRO = """\
-You are an autonomous agent operating a Linux desktop with a terminal, a text editor and a spreadsheet. Each \
-observation describes the open windows and the output of your last action. The user's home is /home/user."""
-
-_DESKTOP_LANGUAGE = """\
-Actions (one per turn, written exactly like this):
-  terminal: <shell command>       run a command in the terminal, like terminal: ls -la ~/Documents
-  <tool>: <text>                  the same short form for the one text argument of {compact}
-  {{"name": "<tool>", "args": {{...}}}}  any tool below as JSON, with its arguments by name
-  WAIT                            wait a moment (WAIT: <seconds> for longer)
-  DONE                            the task is complete
-  FAIL                            the task cannot be done
-
-The tools, with their arguments (an argument with a default may be left out):
-{listing}"""
-
-_GENERIC_PROMPT = """\
-You are an autonomous agent completing a task in an environment. Each observation shows the environment's \
-current state. Reply with one action per turn in the environment's action language."""
-
-SUITE_SCHEMAS: dict[str, ToolSchema] = {"webshop": webshop_tools.SCHEMA, "desktop": desktop_tools.SCHEMA}
-
-DEFAULT_PROMPTS: dict[str, str] = {
-    "webshop": f"{_WEBSHOP_INTRO}\n\n" + _WEBSHOP_LANGUAGE.format(listing=webshop_tools.SCHEMA.listing()),
-    "desktop": f"{_DESKTOP_INTRO}\n\n" + _DESKTOP_LANGUAGE.format(
-        compact=", ".join(name for name in desktop_suite.COMPACT if name != "terminal"),
-        listing=desktop_tools.SCHEMA.listing()),
-}
-
-# With the suite's own tools offered (``tools="suite"``) the functions' definitions describe them: no list here.
-SUITE_TOOL_PROMPTS: dict[str, str] = {
-    "webshop": f"{_WEBSHOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Use only element ids that "
-               "appear in the current observation. Call stop with the answer to finish (answer N/A if the task "
-               "cannot be done).",
-    "desktop": f"{_DESKTOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Call DONE when the task is "
-               "complete, FAIL if it cannot be done.",
-}
-
-
-def suite_tools(suite: str) -> list[dict[str, Any]]:
-    """The suite's agent tools as OpenAI function definitions, generated from its tool schema (a model's call of
-    one is a ``ToolCall`` the suite's application decodes through the same schema)."""
-    if suite not in SUITE_SCHEMAS:
-        raise PolicyError(f"no tool schema for suite {suite!r}; suites with one: {', '.join(SUITE_SCHEMAS)}")
-    return SUITE_SCHEMAS[suite].openai_tools()
-
-
-_TOOL_SUFFIX = ("\n\nGive each action by calling the `act` tool with the action text as its `action` argument "
-                "(exactly one call per turn).")
-_TEXT_SUFFIX = "\n\nReply with the action only, inside a ``` code block, like:\n```\n{example}\n```"
-_EXAMPLES = {"webshop": "click [12]", "desktop": "terminal: ls"}
-
-_FENCE = re.compile(r"```([^\n`]*\n)?(.*?)```", re.S)
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})  # a server that is busy or restarting: worth another try
@@ -189,26 +106,6 @@ _FLAGS = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
-
-
-def strip_fences(text: str) -> str:
-    """The action in a model's text: ``<think>`` blocks dropped; the last fenced block's body if there is one
-    (a language tag such as ```json on its own first line is dropped; an unclosed last fence counts to the end),
-    else the text; whitespace stripped."""
-    text = _THINK.sub("", text)
-    blocks = _FENCE.findall(text)
-    if blocks:
-        tag, body = blocks[-1]
-    elif "```" in text:  # an unclosed fence (the reply ran out of tokens): what follows it
-        tag, newline, body = text.rsplit("```", 1)[1].partition("\n")
-        tag, body = (tag + newline, body) if newline else ("", tag)
-    else:
-        return text.strip()
-    if tag and not body.strip():  # ```DONE\n```: the "tag" line is the action itself
-        body = tag
-    elif tag and not re.fullmatch(r"[\w+.-]*\s*", tag):
-        body = tag + body  # ```click [3]\n...```: not a language tag
-    return body.strip()
 
 
 def _is_int_list(value: Any) -> bool:
@@ -280,6 +177,7 @@ class OpenAIPolicy(Policy):
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._model_lock: asyncio.Lock | None = None
         self._parser_seen = False  # the server has returned tool_calls: it has a tool parser
+        self._config_error: ServerConfigError | None = None  # the server is not set up for this policy
         self.last_usage: dict[str, Any] | None = None  # the latest reply's "usage", for logs and budgets
 
     # -- session --------------------------------------------------------------------------------------------------
@@ -416,11 +314,11 @@ class OpenAIPolicy(Policy):
         if self.system_prompt is not None:
             return self.system_prompt
         if self.suite_tools:
-            return SUITE_TOOL_PROMPTS.get(suite, _GENERIC_PROMPT)
-        base = DEFAULT_PROMPTS.get(suite, _GENERIC_PROMPT)
+            return SUITE_TOOL_PROMPTS.get(suite, GENERIC_PROMPT)
+        base = DEFAULT_PROMPTS.get(suite, GENERIC_PROMPT)
         if self.tools:
-            return base + _TOOL_SUFFIX
-        return base + _TEXT_SUFFIX.format(example=_EXAMPLES.get(suite, "<action>"))
+            return base + TOOL_SUFFIX
+        return base + TEXT_SUFFIX.format(example=EXAMPLES.get(suite, "<action>"))
 
     def messages(self, ctx: PolicyContext) -> list[dict[str, Any]]:
         """The conversation so far, grown by appending: system prompt; the objective with the first observation;
@@ -507,15 +405,21 @@ class OpenAIPolicy(Policy):
     # -- decide ---------------------------------------------------------------------------------------------------
 
     async def decide(self, ctx: PolicyContext) -> Decision:
+        if self._config_error is not None:  # the server is not set up for us: no point asking it again
+            raise ServerConfigError(str(self._config_error))
         model = await self.resolve_model()
         body = self.request_body(ctx, model)
         started = time.perf_counter()
-        reply = await self._request("POST", self.chat_url, body, rng=random.Random(derive_seed(ctx.seed, "retry",
-                                                                                             ctx.step)))
-        elapsed = time.perf_counter() - started
-        offered = [t["function"].get("name") for t in body.get("tools") or () if isinstance(t, dict)
-                   and isinstance(t.get("function"), dict)]
-        return self.parse_reply(reply, elapsed, offered=offered)
+        try:
+            reply = await self._request("POST", self.chat_url, body,
+                                        rng=random.Random(derive_seed(ctx.seed, "retry", ctx.step)))
+            elapsed = time.perf_counter() - started
+            offered = [t["function"].get("name") for t in body.get("tools") or () if isinstance(t, dict)
+                       and isinstance(t.get("function"), dict)]
+            return self.parse_reply(reply, elapsed, offered=offered)
+        except ServerConfigError as exc:
+            self._config_error = exc
+            raise
 
     def parse_reply(self, reply: Any, reasoning_s: float = 0.0, *, offered: Collection[str] | None = None
                     ) -> Decision:

@@ -681,16 +681,22 @@ async def test_a_server_without_a_tool_parser_is_a_server_config_error(openai_se
         with pytest.raises(ServerConfigError, match="--enable-auto-tool-choice --tool-call-parser") as info:
             await policy.decide(context())
         assert "SGLang with --tool-call-parser" in str(info.value)
-        if flavor == "sglang":
-            # a tool call whose JSON the model broke is the model's mistake, not the server's: a malformed action
-            broken = await policy.decide(context())
-            assert isinstance(broken.action, str) and "click [2]" in broken.action
+        with pytest.raises(ServerConfigError):  # known now: the server is not asked again
+            await policy.decide(context())
     finally:
         await policy.close()
     body = server.chat_bodies()[0]
-    assert body["tool_choice"] == "auto" and body["tools"] == [ACT_TOOL]
+    assert body["tool_choice"] == "auto" and body["tools"] == [ACT_TOOL] and len(server.chat_bodies()) == 1
     if flavor == "vllm":
         assert '"auto" tool choice requires' in str(info.value)
+        return
+    # a tool call whose JSON the model broke is the model's mistake, not the server's: a malformed action
+    fresh = OpenAIPolicy(server.url, "test-model", retries=0)
+    try:
+        broken = await fresh.decide(context())
+    finally:
+        await fresh.close()
+    assert isinstance(broken.action, str) and "click [2]" in broken.action
 
 
 @pytest.mark.asyncio
