@@ -103,7 +103,7 @@ class SampleRun:
             if not told:
                 forked()
             if self.speculation is not None:
-                finished = t.status in (Status.OK, Status.MAX_STEPS)
+                finished = t.status in (Status.OK, Status.MAX_STEPS, Status.TRUNCATED, Status.CONTEXT_LENGTH)
                 self.speculation.finished(len(t.steps) if finished else None)
                 await self.speculation.close()
             if self.ws is not None:

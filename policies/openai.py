@@ -101,7 +101,7 @@ _HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|$)", re.S)
 _OTHER_MARKUP = ("<|python_tag|>", "[TOOL_CALLS]", "<\uff5ctool\u2581calls\u2581begin\uff5c>",
                  "<|tool_calls_section_begin|>", "<|tool_call_begin|>")
 _FLAGS = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser> (hermes for Qwen models), "
-          "SGLang with --tool-call-parser <parser> (qwen25 for Qwen models); or pass tools=[] for plain-text "
+          "SGLang with --tool-call-parser <parser> (qwen25 for Qwen2.5); or pass tools=[] for plain-text "
           "actions")
 
 _decode = msgspec.json.Decoder()

@@ -273,3 +273,21 @@ async def test_a_server_without_a_tool_parser_ends_the_run_with_one_error(
     # the first request of each rollout running at once (concurrency 2), not a batch of failures: once the server
     # is known not to be set up, the policy asks it nothing more
     assert 1 <= len(server.chat_bodies()) <= 2
+
+
+def test_bunshin_eval_ends_with_the_server_config_error(openai_server, tmp_path) -> None:  # noqa: F811
+    """From the command line: one clear message naming the flags, no trajectories, nothing left running."""
+    import os
+
+    from .conftest import host_processes
+    from .test_cli import bunshin
+
+    server = openai_server([{"action": "click [1]"}] * 8, tool_parser="none")
+    out = tmp_path / "run"
+    proc = bunshin("eval", "--suite", "webshop", "--catalog-size", "2000", "--limit", "2", "--group-size", "2",
+                   "--concurrency", "2", "--time-scale", "0", "--policy", f"openai:{server.url}", "--out", str(out),
+                   env={**os.environ, "BUNSHIN_STATE_DIR": "/var/lib/bunshin-test"})
+    assert proc.returncode != 0
+    assert "ServerConfigError" in proc.stderr and "--enable-auto-tool-choice --tool-call-parser" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(server.chat_bodies()) <= 2
+    assert host_processes() == []
