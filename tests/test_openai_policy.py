@@ -717,3 +717,21 @@ async def test_check_is_a_preflight_of_the_served_models(openai_server) -> None:
             await p.close()
     assert found.model == "served-a" and named.model == "served-b"
     assert server.chat_bodies() == []  # nothing generated
+
+
+@pytest.mark.asyncio
+async def test_a_timeout_and_a_refused_connection_are_retried(openai_server) -> None:
+    server = openai_server([{"action": "click [1]", "delay": 2}, {"action": "click [2]"}])
+    policy = OpenAIPolicy(server.url, "test-model", timeout_s=0.3, retries=2, retry_backoff_s=0.01)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    refused = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "test-model", retries=2, retry_backoff_s=0.01)
+    try:
+        decision = await policy.decide(context())
+        with pytest.raises(PolicyError, match=r"ClientConnectorError.*\(after 3 attempts"):
+            await refused.decide(context())
+    finally:
+        await policy.close()
+        await refused.close()
+    assert decision.action == "click [2]" and len(server.chat_bodies()) == 2  # the slow reply was given up on
