@@ -6,10 +6,10 @@ anything else is a tool call to run; a reply the model server cut at ``max_token
 it as ``TRUNCATED``, a prompt the server refused as too long as ``CONTEXT_LENGTH``, both scored as they stand with the
 suite's null action; recording each step, and every model turn: its prompt and response token ids, log-probs,
 finish reason and the policy version that produced it (``Step``; the last decision on the trajectory's ``final_*``),
-and the assistant message it came from in ``PolicyContext.replies``). The async shell (``sample.py``) does the I/O: it asks
-the policy, resolves and runs calls, scores. This is where the prefix tree and speculation plug in: they change how
-an ``Act`` is carried out (executed, served from a cached node, adopted from a speculative branch: ``Step.source``),
-never which move is made, so a trajectory is the same whichever way its calls ran.
+and the assistant message it came from in ``PolicyContext.replies``). The async shell (``sample.py``) does the I/O:
+it asks the policy, resolves and runs calls, scores. This is where the prefix tree and speculation plug in: they
+change how an ``Act`` is carried out (executed, served from a cached node, adopted from a speculative branch:
+``Step.source``), never which move is made, so a trajectory is the same whichever way its calls ran.
 Must never: do I/O or await.
 """
 

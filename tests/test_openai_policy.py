@@ -702,21 +702,29 @@ async def test_a_server_without_a_tool_parser_is_a_server_config_error(openai_se
 @pytest.mark.asyncio
 async def test_check_is_a_preflight_of_the_served_models(openai_server) -> None:
     server = openai_server([], models=["served-a", "served-b"])
-    empty = openai_server([], models=[])
-    found, named, wrong, nothing = (OpenAIPolicy(server.url), OpenAIPolicy(server.url, "served-b"),
-                                    OpenAIPolicy(server.url, "other"), OpenAIPolicy(empty.url))
+    found, named, wrong = OpenAIPolicy(server.url), OpenAIPolicy(server.url, "served-b"), OpenAIPolicy(server.url,
+                                                                                                         "other")
     try:
         await found.check()
         await named.check()
         with pytest.raises(ServerConfigError, match="does not serve model 'other'"):
             await wrong.check()
-        with pytest.raises(ServerConfigError, match="no model listed"):
-            await nothing.check()
     finally:
-        for p in (found, named, wrong, nothing):
+        for p in (found, named, wrong):
             await p.close()
     assert found.model == "served-a" and named.model == "served-b"
     assert server.chat_bodies() == []  # nothing generated
+
+
+@pytest.mark.asyncio
+async def test_check_refuses_a_server_that_serves_no_model(openai_server) -> None:
+    empty = openai_server([], models=[])
+    nothing = OpenAIPolicy(empty.url)
+    try:
+        with pytest.raises(ServerConfigError, match="no model listed"):
+            await nothing.check()
+    finally:
+        await nothing.close()
 
 
 @pytest.mark.asyncio

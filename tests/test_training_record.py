@@ -107,7 +107,8 @@ def test_the_episode_records_every_turn_with_its_policy_version() -> None:
     reply = {"role": "assistant", "content": "go 1"}
     d = Decision(action="go 1", token_ids=[5], logprobs=[-0.5], prompt_token_ids=[1, 2], finish_reason="stop",
                  reply=reply)
-    e.record(d, e.next_move(d), ToolCall(name="go", args={"n": 1}), Observation(output="moved"), 0.1)  # type: ignore[arg-type]
+    move = e.next_move(d)
+    e.record(d, move, ToolCall(name="go", args={"n": 1}), Observation(output="moved"), 0.1)  # type: ignore[arg-type]
     assert e.context.replies == [reply]
     last = Decision(action="done", token_ids=[7], logprobs=[-0.7], prompt_token_ids=[1, 2, 5, 6],
                     finish_reason="stop", policy_version=4)  # the decision's own version wins
