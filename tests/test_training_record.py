@@ -227,15 +227,22 @@ def context_of(t: Trajectory) -> PolicyContext:
                          instruction=t.instruction, reference=[])
 
 
+CONTEXT_ERRORS = {  # each server's own words (in its own error shape: vLLM's nested, SGLang's flat)
+    "vllm": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4488 in the "
+            "messages, 512 in the completion). Please reduce the length of the messages or completion.",
+    "sglang": "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a "
+              "total of 5000 tokens: 4488 tokens from the input messages and 512 tokens for the completion.",
+}
+
+
 @pytest.mark.asyncio
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
 async def test_length_and_context_length_end_their_rollouts_scored_as_they_stand(
-        state_dir, task_dir, openai_server, loop_watchdog) -> None:  # noqa: F811
+        state_dir, task_dir, openai_server, loop_watchdog, flavor: str) -> None:  # noqa: F811
     server = openai_server([
         {"action": "type [19] [Lumina] [1]"}, {"action": "stop [3]", "finish": "length"},
-        {"action": "type [19] [Lumina] [1]"},
-        {"status": 400, "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 "
-                                   "tokens (4488 in the messages, 512 in the completion)."},
-    ])
+        {"action": "type [19] [Lumina] [1]"}, {"status": 400, "message": CONTEXT_ERRORS[flavor]},
+    ], flavor=flavor)
     policy = OpenAIPolicy(f"http://127.0.0.1:{server.port}/v1", "test-model")
     engine = RolloutEngine(shop(task_dir), policy, concurrency=1, state_dir=state_dir)
     try:
