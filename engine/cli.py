@@ -422,10 +422,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("bunshin eval: --task-dir sets the suite's tasks_dir and lenient knobs itself")
             args.set = [*args.set, ("tasks_dir", str(args.task_dir)), ("lenient", True)]
         with_time_scale(args, args.time_scale)
-        summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
-                                    group_size=args.group_size, concurrency=args.concurrency,
-                                    memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
-                                    max_steps=args.max_steps, prefix=prefix, speculation=speculation))
+        from bunshin.policies.base import PolicyError
+
+        try:
+            summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks,
+                                              limit=args.limit, group_size=args.group_size,
+                                              concurrency=args.concurrency, memory_budget=args.memory_budget,
+                                              backend=args.backend, seed=args.seed, max_steps=args.max_steps,
+                                              prefix=prefix, speculation=speculation))
+        except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
+            raise SystemExit(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":

@@ -5,6 +5,8 @@ parsing the action, resolving it against the page, running the tool call, scorin
 bookkeeping) and the mapping. The rule that matters most: only an exception of the kind a phase expects is blamed
 on the policy, the agent or the workspace; anything else is ``ENGINE_ERROR`` (a bug of ours, a suite's included),
 so that a fault of ours is never reported as the agent's or the workspace's.
+A model server that is not set up for the policy (``ServerConfigError``) is no rollout's outcome either: the sample
+re-raises it and the run ends with it (``sample.py``), so it never reaches ``classify``.
 Must never: classify ``CancelledError`` (cancellation is not a rollout outcome: it propagates) or do I/O.
 """
 
@@ -14,6 +16,7 @@ import enum
 
 from bunshin.envs.errors import CallDeadlineExceeded, EnvsError, WorkspaceError
 from bunshin.envs.suites.base import ActionError, SuiteError, SuiteStepFailed
+from bunshin.policies.base import ContextLengthExceeded
 
 from .errors import DecideTimeout, RolloutTimeout, SetupTimeout, UnknownTask
 from .records import Status
@@ -44,7 +47,11 @@ def classify(phase: Phase, exc: BaseException) -> Status:
             if isinstance(exc, WorkspaceError):
                 return Status.WORKSPACE_FAILED
         case Phase.DECIDE:
-            # The policy's code is the policy's: whatever it raises is its error (PolicyError or not).
+            # The policy's code is the policy's: whatever it raises is its error (PolicyError or not); a prompt the
+            # model server refused as longer than its context is its own status (the sample scores the episode as
+            # it stands when it can, ``Episode.cut_short``; this is the status either way).
+            if isinstance(exc, ContextLengthExceeded):
+                return Status.CONTEXT_LENGTH
             return Status.POLICY_TIMEOUT if isinstance(exc, DecideTimeout) else Status.POLICY_ERROR
         case Phase.PARSE:
             if isinstance(exc, ActionError):

@@ -36,6 +36,9 @@ class Status(enum.StrEnum):
     EVALUATOR_ERROR = "evaluator_error"
     SETUP_FAILED = "setup_failed"  # the group's base workspace could not be made or its task set up
     ENGINE_ERROR = "engine_error"  # a bug of the engine (or a suite's own code): never the agent's or workspace's
+    TRUNCATED = "truncated"  # the model's reply was cut at max_tokens (finish_reason "length"); scored as it stands
+    CONTEXT_LENGTH = "context_length"  # the conversation outgrew the model's context (the server refused the
+    # prompt); scored as it stands
 
 
 class StepObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,8 +71,11 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
     # the prefix tree rebuilt by replay) | "speculated" (speculation, later)
     saved_s: float = 0.0  # a cached step: the tool-seconds the call took when it was executed, skipped here
     action_text: str | None = None  # what the policy said, when it spoke the suite's action language
-    token_ids: list[int] | None = None
+    token_ids: list[int] | None = None  # the turn's response tokens (the model's completion), with their log-probs
     logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = None  # the turn's whole prompt as the server tokenized it
+    finish_reason: str | None = None  # the server's ("stop", "tool_calls"...)
+    policy_version: int = 0  # the policy version that produced the turn
 
 
 class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +112,10 @@ class Trajectory(msgspec.Struct, kw_only=True):
     timings: dict[str, float] = {}  # wall_s, reasoning_s, tool_s, fork_s, evaluate_s, admission_wait_s
     lineage: list[str] = []  # workspace ids from the group's base to this sample's workspace
     backend: str = "cow"
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None  # the first turn's prompt (every turn's is on its step)
+    final_prompt_token_ids: list[int] | None = None  # the final turn's prompt, finish reason and policy version;
+    final_finish_reason: str | None = None
+    final_policy_version: int | None = None  # set whenever the last decision is recorded as a turn (OK, TRUNCATED)
 
 
 class RolloutResult(msgspec.Struct, kw_only=True):

@@ -8,6 +8,8 @@ with the ``cow`` backend, a private restore with ``restore``). Admission (``admi
 at once by a count and a memory budget; groups open at once are bounded by what the slots can serve, so bases do not
 pile up; results go through a bounded queue (a consumer that reads slowly holds finished samples back instead of
 letting them pile up). Tool calls go through one seam, ``execute_call``, where the prefix tree and speculation plug in.
+A model server that is not set up for the policy (``ServerConfigError``: the policy's ``check()`` at start, or the
+first decision) ends the run with that one error, the other rollouts cancelled, instead of failing every rollout.
 Must never: leave a workspace behind: every path (failure, timeout, cancellation of ``run`` or of a ``stream``
 consumer) closes what it made; ``async with`` closes the runtime.
 """
@@ -29,7 +31,7 @@ from bunshin.envs.records import Observation, ToolCall
 from bunshin.envs.runtime import await_points
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
-from bunshin.policies.base import Policy
+from bunshin.policies.base import Policy, ServerConfigError
 
 from .admission import Admission, AdmissionGate
 from .errors import EngineError, EngineNotStarted, SetupTimeout, UnknownTask
@@ -95,6 +97,7 @@ class RolloutEngine:
     async def __aenter__(self) -> RolloutEngine:
         await self.runtime.start()
         try:
+            await self.policy.check()  # a model server that is not there or not set up fails the run here
             self.tasks = {t.id: t for t in await asyncio.to_thread(self.suite.tasks)}
             self.meter = MemoryMeter(self.runtime.cgroup.memory_charge, self.meter_interval_s,
                                      detail=self.runtime.memory_detail if self.memory_detail_s else None,
@@ -256,9 +259,15 @@ class RolloutEngine:
             await queue.put(RolloutResult(trajectory=t, peak_memory_bytes=self.meter.peak_bytes,
                                           policy_version=started))
 
-        async with asyncio.TaskGroup() as groups:
-            for request in requests:
-                groups.create_task(self._group(request, open_groups, finish))
+        try:
+            async with asyncio.TaskGroup() as groups:
+                for request in requests:
+                    groups.create_task(self._group(request, open_groups, finish))
+        except BaseExceptionGroup as group:  # a model server not set up for the policy ends the run, once
+            config = _first(group, ServerConfigError)
+            if config is None:
+                raise
+            raise config from None
 
     # -- a group ----------------------------------------------------------------------------------------------
     async def _group(self, request: RolloutRequest, open_groups: asyncio.Semaphore, finish: Finish) -> None:
@@ -444,3 +453,15 @@ class RolloutEngine:
     async def execute_call(self, ws: Workspace, call: ToolCall, timeout_s: float) -> Observation:
         """The one seam every tool call goes through (the prefix tree and speculation plug in here)."""
         return await ws.execute(call, timeout_s=timeout_s)
+
+
+def _first(group: BaseExceptionGroup, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``group``, nested groups (TaskGroups in TaskGroups) included."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first(exc, kind)
+            if found is not None:
+                return found
+        elif isinstance(exc, kind):
+            return exc
+    return None

@@ -5,6 +5,8 @@ Owns: the phases' I/O and their deadlines (a decision within ``decide_timeout_s`
 ``call_timeout_s``, enforced by the runtime; the whole rollout within ``rollout_timeout_s``), turning whatever
 interrupts the rollout into its ``Status`` (``outcomes.classify``, with the phase it happened in), the timings, and
 closing the sample's workspace on every path.
+A ``ServerConfigError`` from the policy (a model server without the flags it needs) is not this rollout's failure
+but the run's: it is re-raised, and the engine's TaskGroups cancel the other rollouts and end the run with it.
 Must never: let a rollout's failure escape (it is the rollout's status), swallow cancellation, or leave its
 workspace open.
 """
@@ -20,7 +22,7 @@ from bunshin.envs.records import Observation, ToolCall
 from bunshin.envs.runtime import await_points
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
-from bunshin.policies.base import Decision, Policy
+from bunshin.policies.base import ContextLengthExceeded, Decision, Policy, ServerConfigError
 
 from .admission import AdmissionGate
 from .episode import Episode, Stop
@@ -95,13 +97,15 @@ class SampleRun:
                     if not scope.expired():
                         raise
                     raise RolloutTimeout(self.settings.rollout_timeout_s, "the rollout") from exc
+        except ServerConfigError:
+            raise  # the run's failure, not this rollout's: every rollout would fail the same way
         except Exception as exc:  # one rollout's failure is that rollout's, named by the phase it happened in
             t.status, t.error = classify(self.phase, exc), describe(exc)
         finally:
             if not told:
                 forked()
             if self.speculation is not None:
-                finished = t.status in (Status.OK, Status.MAX_STEPS)
+                finished = t.status in (Status.OK, Status.MAX_STEPS, Status.TRUNCATED, Status.CONTEXT_LENGTH)
                 self.speculation.finished(len(t.steps) if finished else None)
                 await self.speculation.close()
             if self.ws is not None:
@@ -126,7 +130,11 @@ class SampleRun:
         while True:
             if spec is not None:
                 self._speculate(spec, episode, walking=ws is None)
-            decision = await self._decide(episode)
+            try:
+                decision = await self._decide(episode)
+            except ContextLengthExceeded as exc:  # no further turn fits: the episode is scored as it stands
+                move = episode.cut_short(classify(Phase.DECIDE, exc), describe(exc))
+                break
             self.phase = Phase.PARSE
             move = episode.next_move(decision)
             if isinstance(move, Stop):

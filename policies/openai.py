@@ -1,20 +1,29 @@
 """A policy that asks a model server: an OpenAI-compatible chat-completions client (vLLM, SGLang) with tool calling.
 
-Owns: ``OpenAIPolicy`` (the prompt built from a ``PolicyContext``, the request, and reading the reply back into a
-``Decision`` with the response's token ids and log-probs when the server returns them), ``DEFAULT_PROMPTS`` (one
-system prompt per suite: its action language in prose, its list of actions generated from the suite's tool schema),
-``ACT_TOOL`` (the default tool), and ``suite_tools`` with ``SUITE_TOOL_PROMPTS`` (``tools="suite"``: the suite's
-own tools offered as functions generated from its schema, ``SUITE_SCHEMAS``).
-Must never: retry on its own or hide a server's failure; every failure of the server (HTTP error, timeout,
-unreadable or malformed reply) is a ``PolicyError`` naming the URL and the problem, which ends that rollout with
-``policy_error``. A reply that is well formed but holds no usable action is not the server's failure: its text
-goes back as the action and the suite reports it as a malformed action.
+Owns: ``OpenAIPolicy`` (the conversation built from a ``PolicyContext``, the request, and reading the reply back
+into a ``Decision`` with the response's token ids, log-probs and finish reason when the server returns them). The
+prompts and tools it offers (``DEFAULT_PROMPTS``, ``ACT_TOOL``, ``suite_tools``...) are ``prompts.py``'s, re-exported
+here.
+The conversation grows by appending (``OpenAIPolicy.messages``, a pure function of the ``PolicyContext``, whose
+``replies`` hold the assistant messages the server returned): assistant ``tool_calls`` answered by ``role: tool``
+messages with their ``tool_call_id``, so each turn's prompt tokens start with the previous turn's prompt and
+completion, and ``engine/training.py`` can build a trainer's record from the token ids the server returned.
+Failures: a transient one (connection refused or reset, a timeout, HTTP 429/500/502/503/504) is retried within a
+bound (count and total time, exponential backoff with a seeded jitter), never an HTTP 400; what is left is a
+``PolicyError`` naming the URL and the problem, which ends that rollout with ``policy_error``; a prompt longer than
+the model's context (vLLM's and SGLang's HTTP 400) is ``ContextLengthExceeded`` (``context_length``, scored as it
+stands); a server without a tool parser (vLLM's HTTP 400 for ``tool_choice: "auto"``, SGLang's tool-call markup
+returned as text) is ``ServerConfigError``, naming the flags to add, which ends the run on the first request.
+Must never: hide a server's failure, retry an HTTP 400, or keep per-rollout state (the context carries it). A reply
+that is well formed but holds no usable action is not the server's failure: its text goes back as the action and
+the suite reports it as a malformed action.
 
 What is sent to ``POST {base_url}/chat/completions``::
 
     {"model": ..., "messages": [...], "temperature": ..., "max_tokens": ...,
      "tools": [ACT_TOOL], "tool_choice": "auto",        # unless tools=[] (then neither is sent);
                                                          #   tools="suite": suite_tools(suite)
+     "seed": ...,                                        # per turn, from the sample's seed and the step
      "logprobs": true,                                   # unless logprobs=False
      "return_token_ids": true,                           # vLLM >= 0.10.2 and SGLang: choices[0].token_ids,
                                                          #   vLLM also the top-level prompt_token_ids
@@ -25,20 +34,23 @@ What is sent to ``POST {base_url}/chat/completions``::
 The three ``return_*`` fields are extensions (``token_ids=False`` leaves them out). vLLM ignores fields it does not
 know (with a warning in its log) and SGLang ignores them silently; OpenAI's own API refuses unknown fields, so
 use ``token_ids=False`` there. A vLLM server needs ``--enable-auto-tool-choice --tool-call-parser <parser>`` to
-accept ``tool_choice: "auto"``; without a tool parser pass ``tools=[]`` and the model answers in plain text.
+accept ``tool_choice: "auto"``, SGLang ``--tool-call-parser <parser>``; without a tool parser pass ``tools=[]`` and
+the model answers in plain text.
 
 What is read back: the first choice. A tool call to ``act`` gives the action (its JSON ``arguments`` string, field
 ``action``); a call to another tool the request offered (a caller's own ``tools``, the suite's with ``tools="suite"``)
 becomes a ``ToolCall``, one it did not offer the text ``{"name": ..., "args": {...}}``; with no tool call the message
 content is the action, with ``<think>...</think>`` and code fences stripped. ``token_ids`` come from
 ``choices[0].token_ids`` or else from log-prob tokens written ``token_id:N``; ``logprobs`` from
-``choices[0].logprobs.content[*].logprob``; ``prompt_token_ids`` from the top level (vLLM) or the choice (SGLang).
+``choices[0].logprobs.content[*].logprob``; ``prompt_token_ids`` from the top level (vLLM) or the choice (SGLang);
+``finish_reason`` from the choice (``length``: the reply was cut at ``max_tokens``, its own rollout status).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import time
 from collections.abc import Collection
@@ -47,132 +59,53 @@ from typing import Any, Literal
 import aiohttp
 import msgspec
 
-from bunshin.envs.desktop import suite as desktop_suite
-from bunshin.envs.desktop import tools as desktop_tools
 from bunshin.envs.records import ToolCall
-from bunshin.envs.suites.tools import ToolSchema
-from bunshin.envs.webshop import tools as webshop_tools
+from bunshin.envs.seeds import derive_seed
 
-from .base import Decision, Policy, PolicyContext, PolicyError
+from .base import ContextLengthExceeded, Decision, Policy, PolicyContext, PolicyError, ServerConfigError
+from .prompts import (
+    ACT_TOOL,
+    ACT_TOOL_NAME,
+    DEFAULT_PROMPTS,
+    EXAMPLES,
+    GENERIC_PROMPT,
+    SUITE_SCHEMAS,
+    SUITE_TOOL_PROMPTS,
+    TEXT_SUFFIX,
+    TOOL_SUFFIX,
+    strip_fences,
+    suite_tools,
+)
 
-__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "SUITE_SCHEMAS", "SUITE_TOOL_PROMPTS", "OpenAIPolicy", "strip_fences",
-           "suite_tools"]
+__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "NOT_RUN", "RETRY_STATUSES", "SUITE_SCHEMAS", "SUITE_TOOL_PROMPTS",
+           "OpenAIPolicy", "strip_fences", "suite_tools"]
 
-ACT_TOOL_NAME = "act"
-
-ACT_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": ACT_TOOL_NAME,
-        "description": "Take the next action in the environment.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "action": {
-                    "type": "string",
-                    "description": "The next action, written exactly in the task's action language "
-                                   "(see the system prompt).",
-                },
-            },
-            "required": ["action"],
-        },
-    },
-}
-
-_WEBSHOP_INTRO = """\
-You are an autonomous agent operating a web browser on an online shop. Each observation is the accessibility \
-tree of the current page: every element you can act on is shown with its numeric id in square brackets, like \
-[12] button 'Add to Cart'."""
-
-# The action language (how an action is written) is prose; the list of actions is generated from the suite's schema.
-_WEBSHOP_LANGUAGE = """\
-Actions (one per turn) are written as the action's name followed by its arguments, each in square brackets, in \
-the order listed below: click [id] clicks the element with this id; type [id] [text] [1] types text into a field \
-and then presses Enter (a true/false argument is written 1 or 0: [0] types without pressing Enter); stop [answer] \
-finishes the task. An argument with a default may be left out at the end (stop alone is stop []). Use only ids \
-that appear in the current observation; stop [N/A] if the task cannot be done.
-
-The actions, with their arguments:
-{listing}"""
-
-_DESKTOP_INTRO = """\
-You are an autonomous agent operating a Linux desktop with a terminal, a text editor and a spreadsheet. Each \
-observation describes the open windows and the output of your last action. The user's home is /home/user."""
-
-_DESKTOP_LANGUAGE = """\
-Actions (one per turn, written exactly like this):
-  terminal: <shell command>       run a command in the terminal, like terminal: ls -la ~/Documents
-  <tool>: <text>                  the same short form for the one text argument of {compact}
-  {{"name": "<tool>", "args": {{...}}}}  any tool below as JSON, with its arguments by name
-  WAIT                            wait a moment (WAIT: <seconds> for longer)
-  DONE                            the task is complete
-  FAIL                            the task cannot be done
-
-The tools, with their arguments (an argument with a default may be left out):
-{listing}"""
-
-_GENERIC_PROMPT = """\
-You are an autonomous agent completing a task in an environment. Each observation shows the environment's \
-current state. Reply with one action per turn in the environment's action language."""
-
-SUITE_SCHEMAS: dict[str, ToolSchema] = {"webshop": webshop_tools.SCHEMA, "desktop": desktop_tools.SCHEMA}
-
-DEFAULT_PROMPTS: dict[str, str] = {
-    "webshop": f"{_WEBSHOP_INTRO}\n\n" + _WEBSHOP_LANGUAGE.format(listing=webshop_tools.SCHEMA.listing()),
-    "desktop": f"{_DESKTOP_INTRO}\n\n" + _DESKTOP_LANGUAGE.format(
-        compact=", ".join(name for name in desktop_suite.COMPACT if name != "terminal"),
-        listing=desktop_tools.SCHEMA.listing()),
-}
-
-# With the suite's own tools offered (``tools="suite"``) the functions' definitions describe them: no list here.
-SUITE_TOOL_PROMPTS: dict[str, str] = {
-    "webshop": f"{_WEBSHOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Use only element ids that "
-               "appear in the current observation. Call stop with the answer to finish (answer N/A if the task "
-               "cannot be done).",
-    "desktop": f"{_DESKTOP_INTRO}\n\nAct by calling exactly one of the tools per turn. Call DONE when the task is "
-               "complete, FAIL if it cannot be done.",
-}
-
-
-def suite_tools(suite: str) -> list[dict[str, Any]]:
-    """The suite's agent tools as OpenAI function definitions, generated from its tool schema (a model's call of
-    one is a ``ToolCall`` the suite's application decodes through the same schema)."""
-    if suite not in SUITE_SCHEMAS:
-        raise PolicyError(f"no tool schema for suite {suite!r}; suites with one: {', '.join(SUITE_SCHEMAS)}")
-    return SUITE_SCHEMAS[suite].openai_tools()
-
-
-_TOOL_SUFFIX = ("\n\nGive each action by calling the `act` tool with the action text as its `action` argument "
-                "(exactly one call per turn).")
-_TEXT_SUFFIX = "\n\nReply with the action only, inside a ``` code block, like:\n```\n{example}\n```"
-_EXAMPLES = {"webshop": "click [12]", "desktop": "terminal: ls"}
-
-_FENCE = re.compile(r"```([^\n`]*\n)?(.*?)```", re.S)
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _TOKEN_ID = re.compile(r"token_id:(-?\d+)")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})  # a server that is busy or restarting: worth another try
+NOT_RUN = "(not run: one action per turn)"  # the answer to a tool call beside the one that was carried out
+
+# How the two servers say a prompt does not fit the model's context (HTTP 400). vLLM: "This model's maximum context
+# length is N tokens. However, you requested M tokens ...", "... and your request has N input tokens ...", v1's
+# "The decoder prompt (length N) is longer than the maximum model length of M"; SGLang: "Requested token count
+# exceeds the model's maximum context length of N tokens ...", "Input length (N tokens) exceeds the maximum allowed
+# length (M tokens) ...".
+_CONTEXT_LENGTH = re.compile(r"maximum context length|longer than the maximum model length|exceeds the maximum "
+                             r"allowed length|longer than the model's context length", re.I)
+# vLLM without --enable-auto-tool-choice --tool-call-parser refuses tool_choice "auto" with HTTP 400: '"auto" tool
+# choice requires --enable-auto-tool-choice and --tool-call-parser to be set'.
+_NO_TOOL_CHOICE = re.compile(r"tool choice requires|--enable-auto-tool-choice|--tool-call-parser", re.I)
+# A model's tool-call markup, as a server without a tool parser returns it in the content (SGLang does, with no
+# tool_calls): Hermes/Qwen's <tool_call>{json}</tool_call>, and the markers of other families.
+_HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|$)", re.S)
+_OTHER_MARKUP = ("<|python_tag|>", "[TOOL_CALLS]", "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+                 "<|tool_calls_section_begin|>", "<|tool_call_begin|>")
+_FLAGS = ("start vLLM with --enable-auto-tool-choice --tool-call-parser <parser> (hermes for Qwen models), "
+          "SGLang with --tool-call-parser <parser> (qwen25 for Qwen2.5); or pass tools=[] for plain-text "
+          "actions")
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
-
-
-def strip_fences(text: str) -> str:
-    """The action in a model's text: ``<think>`` blocks dropped; the last fenced block's body if there is one
-    (a language tag such as ```json on its own first line is dropped; an unclosed last fence counts to the end),
-    else the text; whitespace stripped."""
-    text = _THINK.sub("", text)
-    blocks = _FENCE.findall(text)
-    if blocks:
-        tag, body = blocks[-1]
-    elif "```" in text:  # an unclosed fence (the reply ran out of tokens): what follows it
-        tag, newline, body = text.rsplit("```", 1)[1].partition("\n")
-        tag, body = (tag + newline, body) if newline else ("", tag)
-    else:
-        return text.strip()
-    if tag and not body.strip():  # ```DONE\n```: the "tag" line is the action itself
-        body = tag
-    elif tag and not re.fullmatch(r"[\w+.-]*\s*", tag):
-        body = tag + body  # ```click [3]\n...```: not a language tag
-    return body.strip()
 
 
 def _is_int_list(value: Any) -> bool:
@@ -182,14 +115,23 @@ def _is_int_list(value: Any) -> bool:
 class OpenAIPolicy(Policy):
     """Decides by asking an OpenAI-compatible chat-completions server; one HTTP session per policy and event loop.
 
-    ``model=None`` asks ``GET {base_url}/models`` once and takes the first id. ``history_turns`` earlier
-    observation/action pairs go into the prompt before the latest observation (older ones are dropped);
-    ``history_observation_chars`` cuts those earlier observations (the latest is always sent whole).
+    ``model=None`` asks ``GET {base_url}/models`` once and takes the first id (``check()`` does the same, and checks
+    a named model is served). The conversation grows by appending (``messages``): the system prompt, the objective
+    with the first observation, then per action the assistant message the server returned (its ``tool_calls`` with
+    their ids) and the observation that followed it, as a ``role: tool`` message answering the call (a user message
+    after a plain-text reply): each turn's prompt is the previous prompt, its completion and the observation, as a
+    trainer needs (``engine/training.py``). ``history_turns=N`` opts into the old sliding window instead (the last N
+    pairs re-rendered as text, earlier observations cut to ``history_observation_chars``): smaller prompts, but the
+    turns no longer extend each other and no training record can be built from them.
     ``tools=None`` offers ``ACT_TOOL``; ``tools=[]`` offers none (plain-text actions, no ``tool_choice``);
     ``tools="suite"`` offers the suite's own tools, generated from its schema (``suite_tools``): a call of one is the
     decision, as a ``ToolCall``. A call of a tool that was not offered is not trusted as a ``ToolCall``: it goes
     back as the text ``{"name": ..., "args": {...}}`` for the suite to parse (and refuse, if it is not its tool).
     ``token_ids`` asks for token ids with the vLLM/SGLang extension fields (see the module's docstring).
+    ``send_seed``: each request carries ``seed``, derived from the sample's seed and the step (turns differ, runs
+    repeat). Transient failures (connection refused or reset, a timeout, HTTP 429/500/502/503/504) are retried up
+    to ``retries`` times within ``retry_max_s`` in all, with exponential backoff from ``retry_backoff_s`` and a
+    jitter drawn from the sample's seed; an HTTP 400 never is.
     """
 
     name = "openai"
@@ -197,15 +139,19 @@ class OpenAIPolicy(Policy):
     def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
                  temperature: float = 1.0, max_tokens: int = 512, timeout_s: float = 120,
                  tools: list[dict[str, Any]] | Literal["suite"] | None = None, system_prompt: str | None = None,
-                 logprobs: bool = True, extra_body: dict[str, Any] | None = None, history_turns: int = 4,
+                 logprobs: bool = True, extra_body: dict[str, Any] | None = None, history_turns: int | None = None,
                  history_observation_chars: int | None = 4000, token_ids: bool = True,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, send_seed: bool = True, retries: int = 4, retry_max_s: float = 60.0,
+                 retry_backoff_s: float = 0.5) -> None:
         if not isinstance(base_url, str) or not re.match(r"https?://", base_url):
             raise ValueError(f"base_url must be an http(s) URL like http://127.0.0.1:8000/v1, got {base_url!r}")
-        if history_turns < 0:
-            raise ValueError(f"history_turns must be >= 0, got {history_turns}")
+        if history_turns is not None and history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0 or None, got {history_turns}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if retries < 0 or retry_max_s < 0 or retry_backoff_s < 0:
+            raise ValueError(f"retries, retry_max_s and retry_backoff_s must be >= 0, got {retries}, {retry_max_s}, "
+                             f"{retry_backoff_s}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "EMPTY")
@@ -223,11 +169,15 @@ class OpenAIPolicy(Policy):
         self.history_observation_chars = history_observation_chars
         self.token_ids = token_ids
         self.max_connections = max_connections
+        self.send_seed = send_seed
+        self.retries, self.retry_max_s, self.retry_backoff_s = retries, float(retry_max_s), float(retry_backoff_s)
         self.chat_url = f"{self.base_url}/chat/completions"
         self.models_url = f"{self.base_url}/models"
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._model_lock: asyncio.Lock | None = None
+        self._parser_seen = False  # the server has returned tool_calls: it has a tool parser
+        self._config_error: ServerConfigError | None = None  # the server is not set up for this policy
         self.last_usage: dict[str, Any] | None = None  # the latest reply's "usage", for logs and budgets
 
     # -- session --------------------------------------------------------------------------------------------------
@@ -257,8 +207,27 @@ class OpenAIPolicy(Policy):
 
     # -- HTTP -----------------------------------------------------------------------------------------------------
 
-    async def _request(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        """The decoded JSON reply; ``PolicyError`` naming ``url`` for anything else."""
+    async def _request(self, method: str, url: str, body: dict[str, Any] | None = None,
+                       rng: random.Random | None = None) -> Any:
+        """The decoded JSON reply; ``PolicyError`` naming ``url`` for anything else (``ContextLengthExceeded``,
+        ``ServerConfigError`` for those two refusals). Transient failures are retried within the bounds; ``rng``
+        draws the backoff's jitter (none without it)."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._request_once(method, url, body)
+            except _Transient as exc:
+                delay = self.retry_backoff_s * 2 ** (attempt - 1)
+                if rng is not None:
+                    delay *= 0.5 + rng.random() / 2
+                if attempt > self.retries or time.monotonic() - started + delay > self.retry_max_s:
+                    tries = f" (after {attempt} attempts in {time.monotonic() - started:.1f}s)" if attempt > 1 else ""
+                    raise PolicyError(f"{exc}{tries}") from exc.__cause__
+                await asyncio.sleep(delay)
+
+    async def _request_once(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
         session = self._get_session()
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         data = _encode.encode(body) if body is not None else None
@@ -268,11 +237,21 @@ class OpenAIPolicy(Policy):
                 raw = await resp.read()
                 status = resp.status
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
-            raise PolicyError(f"{method} {url}: no reply within timeout_s={self.timeout_s:g}s") from exc
+            raise _Transient(f"{method} {url}: no reply within timeout_s={self.timeout_s:g}s") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # refused, reset, cut off
+            raise _Transient(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
             raise PolicyError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
-            raise PolicyError(f"{method} {url}: HTTP {status}: {self._error_text(raw)}")
+            text = self._error_text(raw)
+            message = f"{method} {url}: HTTP {status}: {text}"
+            if status in RETRY_STATUSES:
+                raise _Transient(message)
+            if status == 400 and _CONTEXT_LENGTH.search(text):
+                raise ContextLengthExceeded(message)
+            if status == 400 and body is not None and body.get("tools") and _NO_TOOL_CHOICE.search(text):
+                raise ServerConfigError(f"{message}. The server has no tool parser: {_FLAGS}")
+            raise PolicyError(message)
         try:
             return _decode.decode(raw)
         except msgspec.DecodeError as exc:
@@ -309,6 +288,22 @@ class OpenAIPolicy(Policy):
                 self.model = first["id"]
         return self.model
 
+    async def check(self) -> None:
+        """The preflight: ``GET {base_url}/models`` answers and serves the model (the first listed when none was
+        named). ``ServerConfigError`` when the server serves no model or not this one; ``PolicyError`` when it
+        does not answer."""
+        reply = await self._request("GET", self.models_url)
+        data = reply.get("data") if isinstance(reply, dict) else None
+        ids = [m["id"] for m in data or () if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+            if isinstance(data, list) else []
+        if not ids:
+            raise ServerConfigError(f"GET {self.models_url}: no model listed in the reply: {_snippet(reply)}")
+        if self.model is None:
+            self.model = ids[0]
+        elif self.model not in ids:
+            raise ServerConfigError(f"GET {self.models_url}: the server does not serve model {self.model!r}; it "
+                                    f"serves {', '.join(map(repr, ids[:10]))}")
+
     # -- prompt ---------------------------------------------------------------------------------------------------
 
     def tools_for(self, suite: str) -> list[dict[str, Any]]:
@@ -319,21 +314,50 @@ class OpenAIPolicy(Policy):
         if self.system_prompt is not None:
             return self.system_prompt
         if self.suite_tools:
-            return SUITE_TOOL_PROMPTS.get(suite, _GENERIC_PROMPT)
-        base = DEFAULT_PROMPTS.get(suite, _GENERIC_PROMPT)
+            return SUITE_TOOL_PROMPTS.get(suite, GENERIC_PROMPT)
+        base = DEFAULT_PROMPTS.get(suite, GENERIC_PROMPT)
         if self.tools:
-            return base + _TOOL_SUFFIX
-        return base + _TEXT_SUFFIX.format(example=_EXAMPLES.get(suite, "<action>"))
+            return base + TOOL_SUFFIX
+        return base + TEXT_SUFFIX.format(example=EXAMPLES.get(suite, "<action>"))
 
     def messages(self, ctx: PolicyContext) -> list[dict[str, Any]]:
-        """System prompt; the last ``history_turns`` (observation, action) pairs as user/assistant messages; then
-        the objective with the latest observation."""
+        """The conversation so far, grown by appending: system prompt; the objective with the first observation;
+        per action, the assistant message the policy got back (``ctx.replies``) and the observation that followed:
+        a ``role: tool`` message answering its tool call (the call that was carried out gets the observation, any
+        other ``NOT_RUN``), or a user message after a plain-text reply. A pure function of the context, so a fork
+        or a prefix-cache hit sees the same conversation. With ``history_turns`` set: the sliding window."""
+        if self.history_turns is not None:
+            return self._window_messages(ctx, self.history_turns)
+        observations = list(ctx.observations)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system_text(ctx.suite)},
+            {"role": "user", "content": f"OBJECTIVE: {ctx.instruction}\n\nOBSERVATION:\n"
+                                        f"{observations[0] if observations else ''}"}]
+        for i, action in enumerate(ctx.actions):
+            reply = ctx.replies[i] if i < len(ctx.replies) else None
+            if reply is None:  # a context without the model's reply (made by hand): the action as it was taken
+                reply = {"role": "assistant", "content": str(action)}
+            messages.append(reply)
+            observation = observations[i + 1] if i + 1 < len(observations) else ""
+            calls = reply.get("tool_calls") or []
+            if not calls:
+                messages.append({"role": "user", "content": f"OBSERVATION:\n{observation}"})
+                continue
+            taken = _taken_call([c["function"]["name"] for c in calls])
+            for k, call in enumerate(calls):
+                messages.append({"role": "tool", "tool_call_id": call["id"],
+                                 "content": observation if k == taken else NOT_RUN})
+        return messages
+
+    def _window_messages(self, ctx: PolicyContext, turns: int) -> list[dict[str, Any]]:
+        """The opt-in sliding window: the last ``turns`` (observation, action) pairs re-rendered as user/assistant
+        text, then the objective with the latest observation."""
         observations = list(ctx.observations)
         actions = [str(a) for a in ctx.actions]
         latest = observations[-1] if observations else ""
         # Observation i came before action i; the latest observation follows the last action.
         done = min(len(actions), max(len(observations) - 1, 0))
-        first = max(0, done - self.history_turns)
+        first = max(0, done - turns)
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_text(ctx.suite)}]
         for i in range(first, done):
             text = f"OBSERVATION:\n{self._cut(observations[i])}"
@@ -363,6 +387,8 @@ class OpenAIPolicy(Policy):
             body["tool_choice"] = "auto"
         if self.logprobs:
             body["logprobs"] = True
+        if self.send_seed:
+            body["seed"] = self.seed_for(ctx)
         if self.token_ids:
             body["return_token_ids"] = True
             body["return_prompt_token_ids"] = True
@@ -371,22 +397,36 @@ class OpenAIPolicy(Policy):
         body.update(self.extra_body)
         return body
 
+    @staticmethod
+    def seed_for(ctx: PolicyContext) -> int:
+        """The request's ``seed``: from the sample's seed and the step (31 bits: every server takes it)."""
+        return derive_seed(ctx.seed, "turn", ctx.step) & 0x7FFF_FFFF
+
     # -- decide ---------------------------------------------------------------------------------------------------
 
     async def decide(self, ctx: PolicyContext) -> Decision:
+        if self._config_error is not None:  # the server is not set up for us: no point asking it again
+            raise ServerConfigError(str(self._config_error))
         model = await self.resolve_model()
         body = self.request_body(ctx, model)
         started = time.perf_counter()
-        reply = await self._request("POST", self.chat_url, body)
-        elapsed = time.perf_counter() - started
-        offered = [t["function"].get("name") for t in body.get("tools") or () if isinstance(t, dict)
-                   and isinstance(t.get("function"), dict)]
-        return self.parse_reply(reply, elapsed, offered=offered)
+        try:
+            reply = await self._request("POST", self.chat_url, body,
+                                        rng=random.Random(derive_seed(ctx.seed, "retry", ctx.step)))
+            elapsed = time.perf_counter() - started
+            offered = [t["function"].get("name") for t in body.get("tools") or () if isinstance(t, dict)
+                       and isinstance(t.get("function"), dict)]
+            return self.parse_reply(reply, elapsed, offered=offered)
+        except ServerConfigError as exc:
+            self._config_error = exc
+            raise
 
     def parse_reply(self, reply: Any, reasoning_s: float = 0.0, *, offered: Collection[str] | None = None
                     ) -> Decision:
         """A chat-completions reply as a ``Decision``; ``PolicyError`` when it is not one. ``offered``: the names
-        of the tools the request offered (a call of another one is not a ``ToolCall``); ``None``: any."""
+        of the tools the request offered (a call of another one is not a ``ToolCall``); ``None``: any.
+        ``ServerConfigError`` when tools were offered and the reply holds the model's tool-call markup as text with
+        no ``tool_calls`` while this server never returned any: it has no tool parser."""
         where = f"POST {self.chat_url}"
         if not isinstance(reply, dict):
             raise PolicyError(f"{where}: the reply is not a JSON object: {_snippet(reply)}")
@@ -400,7 +440,15 @@ class OpenAIPolicy(Policy):
             raise PolicyError(f"{where}: the reply's first choice has no message: {_snippet(choice)}")
         usage = reply.get("usage")
         self.last_usage = usage if isinstance(usage, dict) else None
-        action = self._action(choice["message"], where, offered)
+        message = choice["message"]
+        action = self._action(message, where, offered)
+        finish = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
+        if message.get("tool_calls"):
+            self._parser_seen = True
+        elif offered and not self._parser_seen and finish != "length" and _raw_tool_call(message.get("content")):
+            raise ServerConfigError(f"{where}: tools were offered and the reply holds the model's tool-call markup "
+                                    f"as text, with no tool_calls: the server has no tool parser; {_FLAGS}. The "
+                                    f"reply: {_snippet(message.get('content'))}")
         logprobs, logprob_ids = self._logprobs(choice.get("logprobs"))
         token_ids = choice.get("token_ids")
         if not _is_int_list(token_ids):
@@ -411,7 +459,7 @@ class OpenAIPolicy(Policy):
             if not _is_int_list(prompt_ids):
                 prompt_ids = None
         return Decision(action=action, reasoning_s=reasoning_s, token_ids=token_ids, logprobs=logprobs,
-                        prompt_token_ids=prompt_ids)
+                        prompt_token_ids=prompt_ids, finish_reason=finish, reply=_assistant_message(message))
 
     def _action(self, message: dict[str, Any], where: str, offered: Collection[str] | None = None
                 ) -> str | ToolCall:
@@ -478,6 +526,50 @@ class OpenAIPolicy(Policy):
                 else:
                     ids = None
         return logprobs, (ids if ids else None)
+
+
+class _Transient(Exception):
+    """A failure worth another try (``OpenAIPolicy._request`` retries it, then raises it as a ``PolicyError``)."""
+
+
+def _taken_call(names: list[str]) -> int:
+    """Which of a reply's tool calls was carried out (``OpenAIPolicy._action``'s rule): the first ``act``, else the
+    first."""
+    return names.index(ACT_TOOL_NAME) if ACT_TOOL_NAME in names else 0
+
+
+def _assistant_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The server's assistant message as it goes back into the conversation: its content and its tool calls (id,
+    name, arguments as the model wrote them); the reasoning and other extras are left out."""
+    content = message.get("content")
+    out: dict[str, Any] = {"role": "assistant", "content": content if isinstance(content, str | list) else None}
+    calls = []
+    for k, call in enumerate(message.get("tool_calls") or ()):
+        fn = call.get("function") or {}
+        arguments = fn.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = _encode.encode(arguments if arguments is not None else {}).decode()
+        call_id = call.get("id")
+        calls.append({"id": call_id if isinstance(call_id, str) and call_id else f"call_{k}", "type": "function",
+                      "function": {"name": fn.get("name"), "arguments": arguments}})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _raw_tool_call(content: Any) -> bool:
+    """Whether ``content`` holds a tool call a tool parser would have taken out: a Hermes/Qwen ``<tool_call>`` whose
+    body is a JSON call (a broken one is the model's mistake, not the server's), or another family's marker."""
+    if not isinstance(content, str):
+        return False
+    for body in _HERMES_CALL.findall(content):
+        try:
+            call = _decode.decode(body)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            return True
+    return any(marker in content for marker in _OTHER_MARKUP)
 
 
 def _snippet(value: Any, limit: int = 300) -> str:

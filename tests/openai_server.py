@@ -2,7 +2,7 @@
 process, standard library only.
 
     python -m tests.openai_server --port 0 --script replies.json [--log requests.jsonl] [--flavor vllm|sglang]
-        [--model NAME ...]
+        [--model NAME ...] [--tool-parser hermes|none] [--max-model-len N]
 
 prints the port it listens on (one line on stdout), then serves until it is terminated:
 
@@ -12,7 +12,14 @@ prints the port it listens on (one line on stdout), then serves until it is term
   as OpenAI's API takes them: function tools named ``[a-zA-Z0-9_-]{1,64}``, once each, whose ``parameters`` is a
   self-contained JSON schema of ``"type": "object"``) and every request body, good or bad, is appended to the
   ``--log`` file as one JSON line ``{"method", "path", "authorization", "body"}`` (``body`` is the raw text when it
-  is not JSON).
+  is not JSON; the request's ``seed`` is in it).
+- ``--tool-parser none`` is a server started without a tool parser, as the real ones behave: vLLM refuses
+  ``tool_choice: "auto"`` with HTTP 400 (``"auto" tool choice requires --enable-auto-tool-choice and
+  --tool-call-parser to be set``); SGLang answers with the model's tool-call markup as the content, no tool_calls.
+- ``--max-model-len N`` (or ``"max_model_len"`` in the script): a prompt whose tokens plus ``max_tokens`` exceed N
+  is refused with HTTP 400 and each server's own message. Errors come in each server's shape: vLLM's
+  ``{"error": {"message", "type", "param", "code"}}``, SGLang's flat ``{"object": "error", "message", "type",
+  "param", "code"}``.
 
 The script is a JSON list of replies (or ``{"models": [...], "replies": [...]}``); each reply is an object with
 
@@ -22,12 +29,21 @@ The script is a JSON list of replies (or ``{"models": [...], "replies": [...]}``
 - ``"reasoning": TEXT``: the message's ``reasoning_content`` (and vLLM's ``reasoning``);
 - ``"delay": SECONDS``: wait before answering;
 - ``"status": CODE`` (with optional ``"message"``): answer with that HTTP error and an OpenAI-style error body;
-- ``"body": TEXT | JSON``: answer 200 with exactly this body (a malformed reply).
+- ``"body": TEXT | JSON``: answer 200 with exactly this body (a malformed reply);
+- ``"drop": true``: close the connection without answering (a server that went away mid-request);
+- ``"finish": "length"``: the reply is cut as if it reached ``max_tokens`` (also what happens when the reply's
+  tokens outnumber the request's ``max_tokens``): ``finish_reason: "length"``, the text so far as content, no tool
+  call, no end-of-turn token.
 
-The "model" is a fake tokenizer: text splits into word-sized tokens, a token's id is a hash of its text. The
-completion's text is the content, or a tool call in Hermes' format (``<tool_call>{...}</tool_call>``), which is
-what a vLLM/SGLang tool parser would have turned into ``tool_calls``; without ``tools`` in the request the tool
-call's text is returned as content, as a server without tools would. ``logprobs: true`` gives
+The "model" is a fake tokenizer: text splits at special tokens (``<|system|>``, ``<|end|>``...: one token each),
+then into word-sized tokens, a token's id is a hash of its text. The chat template renders each message as
+``<|role|>`` + content (an assistant's tool calls in Hermes' format after it) + ``<|end|>`` + a newline, a tool
+message as ``<|tool|>`` + content, and ends with ``<|assistant|>`` (the generation prompt). The completion's text is
+the content, or a tool call in Hermes' format (``<tool_call>{...}</tool_call>``), which is what a vLLM/SGLang tool
+parser would have turned into ``tool_calls``, then the ``<|end|>`` token: exactly what the template renders for that
+assistant message in the next prompt, so a conversation that grows by appending has each prompt's tokens start with
+the previous prompt's and completion's. Without ``tools`` in the request the tool call's text is returned as content,
+as a server without tools would. ``logprobs: true`` gives
 ``choices[0].logprobs.content`` (token, logprob, bytes, ``top_logprobs`` when asked). Token ids as the two servers
 return them:
 
@@ -42,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -50,11 +67,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
+_SPECIAL = re.compile(r"(<\|[a-z_]+\|>)")
+END = "<|end|>"
 
 
 def tokenize(text: str) -> list[tuple[int, str]]:
-    """The fake tokenizer: (id, token text) per word-sized piece; the ids are stable across runs."""
-    return [(zlib.crc32(piece.encode()) % 150_000, piece) for piece in _TOKEN.findall(text)]
+    """The fake tokenizer: (id, token text) per special token and per word-sized piece between them; the ids are
+    stable across runs."""
+    tokens = []
+    for segment in _SPECIAL.split(text):
+        pieces = [segment] if _SPECIAL.fullmatch(segment) else _TOKEN.findall(segment)
+        tokens += [(zlib.crc32(piece.encode()) % 150_000, piece) for piece in pieces]
+    return tokens
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    """A tool call as the model writes it (Hermes' format); ``arguments`` is the JSON text."""
+    return f"<tool_call>\n{{\"name\": {json.dumps(name)}, \"arguments\": {arguments}}}\n</tool_call>"
 
 
 def logprob_of(token_id: int) -> float:
@@ -136,8 +165,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(obj).encode())
 
     def _error(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        # vLLM's shape: {"error": {"message", "type", "param", "code"}}; SGLang's is flat, clients accept both.
-        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+        # vLLM's shape: {"error": {"message", "type", "param", "code"}}; SGLang's ErrorResponse is flat.
+        if self.server.flavor == "sglang":
+            self._json(status, {"object": "error", "message": message, "type": kind, "param": None, "code": status})
+        else:
+            self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
 
     def _log(self, body: Any) -> None:
         if self.server.log_path is None:
@@ -182,6 +214,25 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("model") not in self.server.models:
             self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
             return
+        if (self.server.flavor == "vllm" and self.server.tool_parser == "none" and body.get("tools")
+                and body.get("tool_choice", "auto") == "auto"):
+            self._error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+            return
+        prompt_len = len(tokenize(self.chat_template(body)))
+        requested = prompt_len + int(body.get("max_tokens") or 0)
+        limit = self.server.max_model_len
+        if limit is not None and requested > limit:
+            if self.server.flavor == "vllm":
+                self._error(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                 f"{requested} tokens ({prompt_len} in the messages, {body.get('max_tokens') or 0} in "
+                                 "the completion). Please reduce the length of the messages or completion.")
+            else:
+                self._error(400, f"Requested token count exceeds the model's maximum context length of {limit} "
+                                 f"tokens. You requested a total of {requested} tokens: {prompt_len} tokens from the "
+                                 f"input messages and {body.get('max_tokens') or 0} tokens for the completion. Please "
+                                 "reduce the number of tokens in the input messages or the completion to fit within "
+                                 "the limit.")
+            return
         reply = self.server.script.take()
         if reply is None:
             self._error(500, "the test script has no more replies", "InternalServerError")
@@ -191,6 +242,13 @@ class Handler(BaseHTTPRequestHandler):
         if "status" in reply:
             self._error(int(reply["status"]), reply.get("message", f"scripted HTTP {reply['status']}"),
                         "InternalServerError" if int(reply["status"]) >= 500 else "BadRequestError")
+            return
+        if reply.get("drop"):  # gone mid-request: the connection closes with no answer
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             return
         if "body" in reply:
             raw_reply = reply["body"]
@@ -203,6 +261,7 @@ class Handler(BaseHTTPRequestHandler):
     def completion(self, request: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         flavor = self.server.flavor
         tools_offered = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
+        parser = tools_offered and self.server.tool_parser != "none"
         content = reply.get("content")
         call = None
         if "action" in reply:
@@ -213,11 +272,16 @@ class Handler(BaseHTTPRequestHandler):
                     "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}
         text = content or ""
         if call is not None:
-            text += (f"<tool_call>\n{{\"name\": {json.dumps(call['name'])}, \"arguments\": {call['arguments']}}}"
-                     "\n</tool_call>")
-        if call is not None and not tools_offered:
+            text += tool_call_text(call["name"], call["arguments"])
+        generated = tokenize(text) + tokenize(END)
+        limit = request.get("max_tokens")
+        finish = "tool_calls" if call is not None and parser else "stop"
+        if reply.get("finish") == "length" or (isinstance(limit, int) and len(generated) > limit):
+            generated = generated[:-1] if reply.get("finish") == "length" else generated[:limit]
+            finish, text, call = "length", "".join(piece for _, piece in generated if piece != END), None
+            content = text
+        if call is not None and not parser:
             content, call = text, None  # no tool parser involved: the model's text is the content
-        generated = tokenize(text)
         prompt = tokenize(self.chat_template(request))
         as_ids = flavor == "vllm" and bool(request.get("return_tokens_as_token_ids"))
 
@@ -229,8 +293,7 @@ class Handler(BaseHTTPRequestHandler):
             message["reasoning_content"] = reply["reasoning"]
             if flavor == "vllm":
                 message["reasoning"] = reply["reasoning"]
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": "tool_calls" if call is not None else "stop"}
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         if request.get("logprobs"):
             top_n = int(request.get("top_logprobs") or 0)
             entries = []
@@ -261,13 +324,25 @@ class Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def chat_template(request: dict[str, Any]) -> str:
+        """The prompt's text: every message, then the generation prompt ``<|assistant|>``."""
         parts = []
         if request.get("tools"):
-            parts.append(f"<|tools|>\n{json.dumps(request['tools'])}\n")
+            parts.append(f"<|tools|>{json.dumps(request['tools'])}{END}\n")
         for m in request["messages"]:
-            content = m.get("content") if isinstance(m, dict) else m
-            parts.append(f"<|{m.get('role') if isinstance(m, dict) else '?'}|>\n{content}\n")
-        parts.append("<|assistant|>\n")
+            if not isinstance(m, dict):
+                parts.append(f"<|user|>{m}{END}\n")
+                continue
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            text = content if isinstance(content, str) else ("" if content is None else json.dumps(content))
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                arguments = fn.get("arguments")
+                text += tool_call_text(fn.get("name", ""), arguments if isinstance(arguments, str)
+                                       else json.dumps(arguments))
+            parts.append(f"<|{m.get('role')}|>{text}{END}\n")
+        parts.append("<|assistant|>")
         return "".join(parts)
 
 
@@ -276,8 +351,10 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 1024  # the listen backlog (socketserver's 5 makes a burst of clients retry SYNs for 1 s)
 
     def __init__(self, address: tuple[str, int], script: Script, models: list[str], flavor: str,
-                 log_path: str | None) -> None:
+                 log_path: str | None, tool_parser: str = "hermes", max_model_len: int | None = None) -> None:
         super().__init__(address, Handler)
+        self.tool_parser = tool_parser
+        self.max_model_len = max_model_len
         self.script = script
         self.models = models
         self.flavor = flavor
@@ -300,6 +377,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", help="append every request as one JSON line to this file")
     parser.add_argument("--model", action="append", help="a served model (repeatable; default: test-model)")
     parser.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument("--tool-parser", choices=("hermes", "none"), default="hermes",
+                        help="none: a server started without a tool parser")
+    parser.add_argument("--max-model-len", type=int, help="refuse prompts longer than this (tokens, with max_tokens)")
     args = parser.parse_args(argv)
     with open(args.script) as f:
         loaded = json.load(f)
@@ -310,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
         models = args.model or ["test-model"]
     if not isinstance(replies, list) or not all(isinstance(r, dict) for r in replies):
         parser.error(f"{args.script}: the replies must be a list of objects")
-    server = Server((args.host, args.port), Script(replies), models, args.flavor, args.log)
+    max_model_len = loaded.get("max_model_len", args.max_model_len) if isinstance(loaded, dict) else \
+        args.max_model_len
+    server = Server((args.host, args.port), Script(replies), models, args.flavor, args.log, args.tool_parser,
+                    max_model_len)
     print(server.server_address[1], flush=True)
     try:
         server.serve_forever(poll_interval=0.1)

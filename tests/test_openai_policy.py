@@ -24,7 +24,7 @@ from bunshin.envs.desktop.tools import SCHEMA as DESKTOP_SCHEMA
 from bunshin.envs.records import ToolCall
 from bunshin.envs.suites.base import ActionError
 from bunshin.envs.webshop.tools import SCHEMA as WEBSHOP_SCHEMA
-from bunshin.policies.base import Decision, PolicyContext, PolicyError
+from bunshin.policies.base import ContextLengthExceeded, Decision, PolicyContext, PolicyError, ServerConfigError
 from bunshin.policies.openai import ACT_TOOL, SUITE_TOOL_PROMPTS, OpenAIPolicy, strip_fences, suite_tools
 from tests.openai_server import logprob_of
 
@@ -65,13 +65,15 @@ def openai_server(tmp_path: Path) -> Iterator[Callable[..., ScriptedServer]]:
     started: list[ScriptedServer] = []
 
     def start(replies: list[dict[str, Any]], *, flavor: str = "vllm", models: list[str] | None = None,
-              ) -> ScriptedServer:
+              tool_parser: str = "hermes", max_model_len: int | None = None) -> ScriptedServer:
         n = len(started)
         script, log = tmp_path / f"script-{n}.json", tmp_path / f"requests-{n}.jsonl"
         script.write_text(json.dumps({"replies": replies, **({"models": models} if models is not None else {})}))
+        extra = ["--max-model-len", str(max_model_len)] if max_model_len is not None else []
         with open(tmp_path / f"server-{n}.stderr", "wb") as err:
             proc = subprocess.Popen([sys.executable, "-m", "tests.openai_server", "--port", "0", "--script",
-                                     str(script), "--log", str(log), "--flavor", flavor],
+                                     str(script), "--log", str(log), "--flavor", flavor, "--tool-parser",
+                                     tool_parser, *extra],
                                     cwd=REPO, stdout=subprocess.PIPE, stderr=err)
         server = ScriptedServer(proc=proc, port=0, log=log, script=script)
         started.append(server)
@@ -409,7 +411,7 @@ async def test_http_error_malformed_body_and_missing_choices_raise_policy_error(
         {"body": {"choices": [{"index": 0, "finish_reason": "stop"}]}},
         {"status": 400, "message": "\"auto\" tool choice requires --enable-auto-tool-choice"},
     ])
-    policy = OpenAIPolicy(server.url, "test-model")
+    policy = OpenAIPolicy(server.url, "test-model", retries=0)  # (retries are tested below)
     url = f"{server.url}/chat/completions"
     try:
         expected = ["HTTP 500: CUDA out of memory", "not valid JSON", "no choices", "has no message",
@@ -425,7 +427,7 @@ async def test_http_error_malformed_body_and_missing_choices_raise_policy_error(
 @pytest.mark.asyncio
 async def test_server_slower_than_timeout_raises_policy_error(openai_server) -> None:
     server = openai_server([{"action": "click [1]", "delay": 5}])
-    policy = OpenAIPolicy(server.url, "test-model", timeout_s=0.5)
+    policy = OpenAIPolicy(server.url, "test-model", timeout_s=0.5, retries=0)
     started = time.monotonic()
     try:
         with pytest.raises(PolicyError, match=r"no reply within timeout_s=0.5s") as info:
@@ -441,7 +443,7 @@ async def test_unreachable_server_raises_policy_error() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    policy = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "test-model", timeout_s=5)
+    policy = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "test-model", timeout_s=5, retries=0)
     try:
         with pytest.raises(PolicyError, match=f"http://127.0.0.1:{port}/v1/chat/completions"):
             await policy.decide(context())
@@ -526,3 +528,218 @@ def test_constructor_checks() -> None:
     with pytest.raises(ValueError, match="history_turns"):
         OpenAIPolicy("http://h/v1", history_turns=-1)
     assert OpenAIPolicy("http://h/v1/", api_key="k").chat_url == "http://h/v1/chat/completions"
+
+
+# -- token-in/token-out: the conversation, finish reasons, retries, the server's set-up ------------------------------
+
+
+def advance(ctx: PolicyContext, decision: Decision, observation: str) -> None:
+    """What the episode does after a decision was carried out (``Episode.record``)."""
+    ctx.replies.append(decision.reply)
+    ctx.actions.append(decision.action if isinstance(decision.action, str) else decision.action.name)
+    ctx.observations.append(observation)
+    ctx.step += 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+async def test_the_conversation_grows_by_appending_with_tool_call_ids(openai_server, flavor: str) -> None:
+    server = openai_server([{"action": "click [12]", "content": "Opening it."}, {"action": "type [3] [x] [1]"},
+                            {"action": "stop [$25.99]"}], flavor=flavor)
+    policy = OpenAIPolicy(server.url, "test-model")
+    ctx = context(observations=["PAGE-ONE"], actions=[])
+    decisions = []
+    try:
+        for observation in ("PAGE-TWO", "PAGE-THREE", None):
+            decisions.append(await policy.decide(ctx))
+            if observation is not None:
+                advance(ctx, decisions[-1], observation)
+    finally:
+        await policy.close()
+    bodies = server.chat_bodies()
+    for k in range(2):
+        before, after = bodies[k]["messages"], bodies[k + 1]["messages"]
+        assert after[:len(before)] == before  # appended to, never rewritten
+        assistant, tool = after[len(before):]
+        call = assistant["tool_calls"][0]
+        assert assistant["role"] == "assistant" and call["function"]["name"] == "act"
+        assert call["id"].startswith("chatcmpl-tool-") and tool == {
+            "role": "tool", "tool_call_id": call["id"], "content": ["PAGE-TWO", "PAGE-THREE"][k]}
+        assert json.loads(call["function"]["arguments"]) == {"action": decisions[k].action}
+    assert bodies[1]["messages"][2]["content"] == "Opening it."  # the content beside the call goes back too
+    for k in range(2):  # each prompt starts with the previous prompt and its completion, token for token
+        prompt, completion, following = (decisions[k].prompt_token_ids, decisions[k].token_ids,
+                                         decisions[k + 1].prompt_token_ids)
+        assert prompt and completion and following
+        assert following[:len(prompt) + len(completion)] == prompt + completion
+        assert len(following) > len(prompt) + len(completion)  # and the observation after them
+    assert [d.finish_reason for d in decisions] == ["tool_calls"] * 3
+    seeds = [b["seed"] for b in bodies]  # per turn: they differ, and the same sample and step give the same
+    assert len(set(seeds)) == 3 and seeds[0] == OpenAIPolicy.seed_for(context())
+    assert seeds[1] == OpenAIPolicy.seed_for(context(observations=["a", "b"], actions=["click [12]"]))
+
+
+@pytest.mark.asyncio
+async def test_plain_text_actions_go_back_as_assistant_content_and_user_observations(openai_server) -> None:
+    server = openai_server([{"content": "I will click.\n```\nclick [4]\n```"}, {"content": "```\nstop [1]\n```"}])
+    policy = OpenAIPolicy(server.url, "test-model", tools=[])
+    ctx = context()
+    try:
+        first = await policy.decide(ctx)
+        advance(ctx, first, "PAGE-TWO")
+        second = await policy.decide(ctx)
+    finally:
+        await policy.close()
+    assert first.action == "click [4]" and second.action == "stop [1]"
+    messages = server.chat_bodies()[1]["messages"]
+    assert messages[2:] == [{"role": "assistant", "content": "I will click.\n```\nclick [4]\n```"},
+                            {"role": "user", "content": "OBSERVATION:\nPAGE-TWO"}]
+    assert first.prompt_token_ids and first.token_ids and second.prompt_token_ids
+    assert second.prompt_token_ids[:len(first.prompt_token_ids) + len(first.token_ids)] == \
+        first.prompt_token_ids + first.token_ids
+
+
+@pytest.mark.asyncio
+async def test_a_length_finish_keeps_its_tokens(openai_server) -> None:
+    server = openai_server([{"action": "click [12]", "finish": "length"},
+                            {"content": "one two three four five six seven"}])
+    policy = OpenAIPolicy(server.url, "test-model")
+    short = OpenAIPolicy(server.url, "test-model", max_tokens=3, tools=[])
+    try:
+        cut = await policy.decide(context())
+        capped = await short.decide(context())
+    finally:
+        await policy.close()
+        await short.close()
+    assert cut.finish_reason == "length" and cut.token_ids and cut.logprobs and cut.prompt_token_ids
+    assert isinstance(cut.action, str) and "<tool_call>" in cut.action  # the cut text, no tool call parsed
+    assert capped.finish_reason == "length" and capped.token_ids and len(capped.token_ids) == 3
+    assert server.chat_bodies()[1]["max_tokens"] == 3
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("flavor", "message"), [
+    ("vllm", "This model's maximum context length is 60 tokens"),
+    ("sglang", "Requested token count exceeds the model's maximum context length of 60 tokens"),
+])
+async def test_the_context_length_error_of_each_server(openai_server, flavor: str, message: str) -> None:
+    server = openai_server([{"action": "click [1]"}], flavor=flavor, max_model_len=60)
+    policy = OpenAIPolicy(server.url, "test-model", max_tokens=8, tools=[], retry_backoff_s=0.01)
+    try:
+        with pytest.raises(ContextLengthExceeded, match="HTTP 400") as info:
+            await policy.decide(context())
+    finally:
+        await policy.close()
+    assert message in str(info.value) and "{" not in str(info.value)  # the message, out of either error shape
+    assert len(server.chat_bodies()) == 1  # a 400 is never retried
+
+
+@pytest.mark.asyncio
+async def test_transient_errors_are_retried_and_a_400_is_not(openai_server) -> None:
+    server = openai_server([{"status": 503}, {"drop": True}, {"status": 429}, {"status": 502},
+                            {"action": "click [7]"}, {"status": 400, "message": "bad request"}, {"action": "x"}])
+    policy = OpenAIPolicy(server.url, "test-model", retries=4, retry_backoff_s=0.01)
+    try:
+        decision = await policy.decide(context())
+        with pytest.raises(PolicyError, match="HTTP 400: bad request"):
+            await policy.decide(context())
+    finally:
+        await policy.close()
+    assert decision.action == "click [7]"
+    assert len(server.chat_bodies()) == 6  # five tries for the first decision, one for the second
+    assert len({json.dumps(b, sort_keys=True) for b in server.chat_bodies()[:5]}) == 1  # the same request each time
+
+
+@pytest.mark.asyncio
+async def test_retries_are_bounded_in_count_and_in_time(openai_server) -> None:
+    server = openai_server([{"status": 503, "message": "overloaded"}] * 40)
+    by_count = OpenAIPolicy(server.url, "test-model", retries=3, retry_backoff_s=0.01)
+    by_time = OpenAIPolicy(server.url, "test-model", retries=100, retry_backoff_s=0.1, retry_max_s=1.0)
+    try:
+        with pytest.raises(PolicyError, match=r"HTTP 503: overloaded \(after 4 attempts"):
+            await by_count.decide(context())
+        assert len(server.chat_bodies()) == 4
+        started = time.monotonic()
+        with pytest.raises(PolicyError, match="HTTP 503") as info:
+            await by_time.decide(context())
+        elapsed = time.monotonic() - started
+    finally:
+        await by_count.close()
+        await by_time.close()
+    attempts = len(server.chat_bodies()) - 4
+    assert elapsed < 1.5 and 3 <= attempts < 10, (elapsed, attempts)  # backoff 0.1, 0.2, 0.4 (jittered)...
+    assert f"after {attempts} attempts" in str(info.value)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+async def test_a_server_without_a_tool_parser_is_a_server_config_error(openai_server, flavor: str) -> None:
+    server = openai_server([{"action": "click [1]"}, {"tool": "act", "arguments": "{\"action\": \"click [2]"}],
+                           flavor=flavor, tool_parser="none")
+    policy = OpenAIPolicy(server.url, "test-model", retries=0)
+    try:
+        with pytest.raises(ServerConfigError, match="--enable-auto-tool-choice --tool-call-parser") as info:
+            await policy.decide(context())
+        assert "SGLang with --tool-call-parser" in str(info.value)
+        with pytest.raises(ServerConfigError):  # known now: the server is not asked again
+            await policy.decide(context())
+    finally:
+        await policy.close()
+    body = server.chat_bodies()[0]
+    assert body["tool_choice"] == "auto" and body["tools"] == [ACT_TOOL] and len(server.chat_bodies()) == 1
+    if flavor == "vllm":
+        assert '"auto" tool choice requires' in str(info.value)
+        return
+    # a tool call whose JSON the model broke is the model's mistake, not the server's: a malformed action
+    fresh = OpenAIPolicy(server.url, "test-model", retries=0)
+    try:
+        broken = await fresh.decide(context())
+    finally:
+        await fresh.close()
+    assert isinstance(broken.action, str) and "click [2]" in broken.action
+
+
+@pytest.mark.asyncio
+async def test_check_is_a_preflight_of_the_served_models(openai_server) -> None:
+    server = openai_server([], models=["served-a", "served-b"])
+    found, named, wrong = OpenAIPolicy(server.url), OpenAIPolicy(server.url, "served-b"), OpenAIPolicy(server.url,
+                                                                                                         "other")
+    try:
+        await found.check()
+        await named.check()
+        with pytest.raises(ServerConfigError, match="does not serve model 'other'"):
+            await wrong.check()
+    finally:
+        for p in (found, named, wrong):
+            await p.close()
+    assert found.model == "served-a" and named.model == "served-b"
+    assert server.chat_bodies() == []  # nothing generated
+
+
+@pytest.mark.asyncio
+async def test_check_refuses_a_server_that_serves_no_model(openai_server) -> None:
+    empty = openai_server([], models=[])
+    nothing = OpenAIPolicy(empty.url)
+    try:
+        with pytest.raises(ServerConfigError, match="no model listed"):
+            await nothing.check()
+    finally:
+        await nothing.close()
+
+
+@pytest.mark.asyncio
+async def test_a_timeout_and_a_refused_connection_are_retried(openai_server) -> None:
+    server = openai_server([{"action": "click [1]", "delay": 2}, {"action": "click [2]"}])
+    policy = OpenAIPolicy(server.url, "test-model", timeout_s=0.3, retries=2, retry_backoff_s=0.01)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    refused = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "test-model", retries=2, retry_backoff_s=0.01)
+    try:
+        decision = await policy.decide(context())
+        with pytest.raises(PolicyError, match=r"ClientConnectorError.*\(after 3 attempts"):
+            await refused.decide(context())
+    finally:
+        await policy.close()
+        await refused.close()
+    assert decision.action == "click [2]" and len(server.chat_bodies()) == 2  # the slow reply was given up on
