@@ -1,0 +1,274 @@
+"""A suite task's episodes behind a synchronous face, for trainers whose environment API is synchronous
+(gymnasium, skyrl-gym) or runs on its own event loop (verl's agent loops).
+
+Owns: ``TaskSession``: a background thread running its own event loop (uvloop when installed) with a
+``WorkspaceRuntime``, the task's set-up workspace (created and set up once, on first use), and one live episode at a
+time: ``reset(seed)`` closes the previous episode's workspace and forks a fresh one from the set-up workspace
+(copy-on-write); ``step(text)`` parses the text in the suite's action language, runs it (or, for the final action,
+scores it with the suite's evaluator) and returns an ``EpisodeStep``. Every call has a deadline enforced on the
+runtime's loop; ``close()`` (also run when the session is garbage-collected or the interpreter exits) closes every
+workspace and the runtime (processes, mounts, cgroups, the run's directory) and stops the thread.
+Must never: run the runtime on the caller's loop or thread (the synchronous APIs block it), let a malformed action
+escape as an exception (it is the agent's mistake: an observation with the error, as the engine treats it), or
+leave a workspace behind on any path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import concurrent.futures.thread  # noqa: F401  (imported before the exit hook below is registered: see there)
+import threading
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bunshin.engine.errors import EngineError
+from bunshin.envs.records import Limits, Observation, ToolCall
+from bunshin.envs.runtime.runtime import WorkspaceRuntime
+from bunshin.envs.suites.base import ActionError, Suite, SuiteTask, observation_text
+from bunshin.envs.workspace import Workspace
+
+T = TypeVar("T")
+
+
+class AdapterError(EngineError):
+    """The root of the trainer adapters' errors."""
+
+
+class SessionClosed(AdapterError):
+    """The session was closed (by ``close()`` or at exit); we closed it, the caller used it afterwards."""
+
+
+class EpisodeNotStarted(AdapterError):
+    """``step`` before ``reset``, or after the episode ended: the caller's mistake."""
+
+
+class AdapterTimeout(AdapterError, TimeoutError):
+    """A runtime call did not finish within its deadline; names the call."""
+
+
+@dataclass(frozen=True)
+class EpisodeStep:
+    observation: str  # what a text policy reads next (the error first if the action failed)
+    reward: float  # the suite's score at the final action, else 0.0
+    terminated: bool  # the final action was taken (scored)
+    truncated: bool  # the step limit was reached without a final action (scored as the suite's null action)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Loop:
+    """The thread and loop the runtime lives on. Separate from the session so a finalizer can stop it without
+    keeping the session alive."""
+
+    def __init__(self, use_uvloop: bool) -> None:
+        self.loop: asyncio.AbstractEventLoop
+        if use_uvloop:
+            try:
+                import uvloop
+                self.loop = uvloop.new_event_loop()
+            except ImportError:
+                self.loop = asyncio.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="bunshin-adapter-loop", daemon=True)
+        self.thread.start()
+        self.runtime: WorkspaceRuntime | None = None
+        self.workspaces: set[Workspace] = set()
+        self.closed = False
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self.closed:
+            coro.close()
+            raise SessionClosed("the session is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def _teardown(self) -> None:
+        for ws in list(self.workspaces):
+            try:
+                await ws.close()
+            finally:
+                self.workspaces.discard(ws)
+        if self.runtime is not None:
+            await self.runtime.close()
+
+    def shutdown(self, timeout_s: float = 120.0) -> None:
+        """Close every workspace and the runtime, then stop the loop and join the thread. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._teardown(), self.loop).result(timeout_s)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+_LIVE: weakref.WeakSet[_Loop] = weakref.WeakSet()
+
+
+def _shutdown_all() -> None:
+    for loop in list(_LIVE):
+        loop.shutdown()
+
+
+# At exit, sessions nobody closed are closed before concurrent.futures refuses new work (closing a workspace uses
+# the loop's default executor): threading's exit hooks run newest first, and concurrent.futures registered its own
+# when concurrent.futures.thread was imported, above.
+threading._register_atexit(_shutdown_all)  # type: ignore[attr-defined]
+
+
+class TaskSession:
+    """Episodes of one suite task, each in a fresh copy-on-write fork of the task's set-up workspace."""
+
+    def __init__(self, suite: Suite, task: SuiteTask, *, backend: str = "cow", state_dir: Path | None = None,
+                 limits: Limits | None = None, max_steps: int = 30, call_timeout_s: float = 60.0,
+                 setup_timeout_s: float = 300.0, use_uvloop: bool = True):
+        self.suite, self.task, self.max_steps = suite, task, max_steps
+        self.call_timeout_s, self.setup_timeout_s = call_timeout_s, setup_timeout_s
+        self._runtime_kwargs: dict[str, Any] = {"backend": backend, "limits": limits}
+        if state_dir is not None:
+            self._runtime_kwargs["state_dir"] = state_dir
+        self._loop = _Loop(use_uvloop)
+        _LIVE.add(self._loop)
+        self._finalizer = weakref.finalize(self, self._loop.shutdown)
+        self._base: Workspace | None = None
+        self._first: Observation | None = None
+        self._ws: Workspace | None = None
+        self._steps = 0
+        self._lock = threading.Lock()  # one caller at a time (a sync env is not shared between threads)
+
+    # -- the synchronous face -------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> str:
+        """Start a new episode in a fresh fork (seeded with ``seed``); returns the first observation's text."""
+        with self._lock:
+            return self._call(self._reset(seed), self.setup_timeout_s, "reset")
+
+    def step(self, action: str) -> EpisodeStep:
+        with self._lock:
+            return self._call(self._step(action), self.call_timeout_s + self.setup_timeout_s, "step")
+
+    def close(self) -> None:
+        """Close every workspace and the runtime; later calls raise ``SessionClosed``."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.closed
+
+    @property
+    def runtime(self) -> WorkspaceRuntime | None:
+        return self._loop.runtime
+
+    # -- the same from another event loop (verl's agent loops are coroutines) ------------------------------
+    async def areset(self, seed: int | None = None) -> str:
+        return await self._acall(self._reset(seed), self.setup_timeout_s, "reset")
+
+    async def astep(self, action: str) -> EpisodeStep:
+        return await self._acall(self._step(action), self.call_timeout_s + self.setup_timeout_s, "step")
+
+    async def aend(self) -> None:
+        """Close the current episode's workspace (the set-up workspace stays for the next reset)."""
+        await self._acall(self._end(), self.setup_timeout_s, "end")
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float, what: str) -> T:
+        if self._loop.closed:
+            coro.close()
+            raise SessionClosed("the session is closed")
+        future = self._loop.submit(self._deadline(coro, timeout_s, what))
+        return future.result()
+
+    async def _acall(self, coro: Coroutine[Any, Any, T], timeout_s: float, what: str) -> T:
+        if self._loop.closed:
+            coro.close()
+            raise SessionClosed("the session is closed")
+        future = self._loop.submit(self._deadline(coro, timeout_s, what))
+        return await asyncio.wrap_future(future)  # cancelling the caller cancels it on the runtime's loop
+
+    @staticmethod
+    async def _deadline(coro: Coroutine[Any, Any, T], timeout_s: float, what: str) -> T:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await coro
+        except TimeoutError as exc:
+            raise AdapterTimeout(f"{what} did not finish within {timeout_s:g}s") from exc
+
+    def _track(self, ws: Workspace) -> Workspace:
+        self._loop.workspaces.add(ws)
+        return ws
+
+    async def _close_ws(self, ws: Workspace | None) -> None:
+        if ws is not None:
+            try:
+                await ws.close()
+            finally:
+                self._loop.workspaces.discard(ws)
+
+    async def _ensure_base(self) -> tuple[Workspace, Observation]:
+        if self._loop.runtime is None:
+            rt = WorkspaceRuntime(**self._runtime_kwargs)
+            await rt.start()
+            self._loop.runtime = rt
+        if self._base is None:
+            ws = self._track(await self._loop.runtime.create(self.suite.app(self.task)))
+            try:
+                self._first = await self.suite.start(ws, self.task)
+            except BaseException:
+                await self._close_ws(ws)
+                raise
+            self._base = ws
+        assert self._first is not None
+        return self._base, self._first
+
+    async def _end(self) -> None:
+        ws, self._ws = self._ws, None
+        await self._close_ws(ws)
+
+    async def _reset(self, seed: int | None) -> str:
+        await self._end()
+        base, first = await self._ensure_base()
+        self._ws = self._track(await base.fork(seed=seed))
+        self._steps = 0
+        return observation_text(first)
+
+    async def _step(self, action: str) -> EpisodeStep:
+        ws = self._ws
+        if ws is None:
+            raise EpisodeNotStarted("step() needs reset() first (or the episode has ended)")
+        info: dict[str, Any] = {"step": self._steps}
+        try:
+            call = self.suite.normalize(self.suite.parse_action(action))
+        except ActionError as exc:  # the agent's mistake: it reads the error and tries again
+            call, info["action_error"] = None, str(exc)
+        truncated = False
+        if call is not None and self.suite.is_final(call):
+            final = call
+        elif self._steps >= self.max_steps:
+            final, truncated = self.suite.null_action(), True
+        else:
+            final = None
+        self._steps += 1
+        if final is not None:
+            reward = float(await self.suite.evaluate(ws, self.task, final))
+            await self._end()
+            info.update(final=final.name, reward=reward)
+            return EpisodeStep(observation="", reward=reward, terminated=not truncated, truncated=truncated,
+                               info=info)
+        if call is None:
+            return EpisodeStep(observation=f"ERROR: {info['action_error']}", reward=0.0, terminated=False,
+                               truncated=False, info=info)
+        concrete = await self.suite.concrete(ws, call)
+        obs = await ws.execute(concrete, timeout_s=self.call_timeout_s)
+        info["call"] = ToolCall(name=concrete.name, args=concrete.args)
+        return EpisodeStep(observation=observation_text(obs), reward=0.0, terminated=False, truncated=False,
+                           info=info)
