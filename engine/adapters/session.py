@@ -176,6 +176,11 @@ class TaskSession:
     async def astep(self, action: str) -> EpisodeStep:
         return await self._acall(self._step(action), self.call_timeout_s + self.setup_timeout_s, "step")
 
+    async def agive_up(self) -> EpisodeStep:
+        """End the episode without a final action from the agent (out of turns or tokens): scored as the suite's
+        null action, ``truncated``."""
+        return await self._acall(self._give_up(), self.call_timeout_s + self.setup_timeout_s, "give up")
+
     async def aend(self) -> None:
         """Close the current episode's workspace (the set-up workspace stays for the next reset)."""
         await self._acall(self._end(), self.setup_timeout_s, "end")
@@ -241,6 +246,18 @@ class TaskSession:
         self._steps = 0
         return observation_text(first)
 
+    async def _finish(self, ws: Workspace, final: ToolCall, truncated: bool, info: dict[str, Any]) -> EpisodeStep:
+        reward = float(await self.suite.evaluate(ws, self.task, final))
+        await self._end()
+        info.update(final=final.name, reward=reward)
+        return EpisodeStep(observation="", reward=reward, terminated=not truncated, truncated=truncated, info=info)
+
+    async def _give_up(self) -> EpisodeStep:
+        ws = self._ws
+        if ws is None:
+            raise EpisodeNotStarted("give_up() needs reset() first (or the episode has ended)")
+        return await self._finish(ws, self.suite.null_action(), True, {"step": self._steps})
+
     async def _step(self, action: str) -> EpisodeStep:
         ws = self._ws
         if ws is None:
@@ -259,11 +276,7 @@ class TaskSession:
             final = None
         self._steps += 1
         if final is not None:
-            reward = float(await self.suite.evaluate(ws, self.task, final))
-            await self._end()
-            info.update(final=final.name, reward=reward)
-            return EpisodeStep(observation="", reward=reward, terminated=not truncated, truncated=truncated,
-                               info=info)
+            return await self._finish(ws, final, truncated, info)
         if call is None:
             return EpisodeStep(observation=f"ERROR: {info['action_error']}", reward=0.0, terminated=False,
                                truncated=False, info=info)
