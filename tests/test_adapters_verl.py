@@ -71,12 +71,16 @@ def make_server(config, tokenizer, scripts: dict[str, list[str]]):
         def __init__(self) -> None:
             super().__init__(config, load_balancer_handle=None)
             self.requests: list[tuple[str, int]] = []
+            self.stalled = asyncio.Event()
 
         async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
             self.requests.append((request_id, len(prompt_ids)))
             prompt = tokenizer.decode(prompt_ids)
             script = next(v for k, v in scripts.items() if f"script={k}" in prompt)
             turn = sum(1 for t in prompt_ids if t == assistant) - 1  # the generation prompt's own marker
+            if script[turn] is None:  # a server that never answers this turn
+                self.stalled.set()
+                await asyncio.Event().wait()
             ids = tokenizer.encode(script[turn], add_special_tokens=False) + [tokenizer.eos_token_id]
             return TokenOutput(token_ids=ids, log_probs=[-0.01 * (i + 1) for i in range(len(ids))],
                                stop_reason="completed")
@@ -150,3 +154,56 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     assert list(extra["bunshin_actions"][0]) == reference
     assert not (set(host_processes()) - before), "a rollout left a workspace host behind"
     assert json.dumps(msgspec.to_builtins(list(extra["bunshin_task_id"]))) == json.dumps([TASK_ID] * 3)
+
+
+def worker_for(tmp_path: Path, scripts: dict[str, list]):
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    config = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    config.actor_rollout_ref.model.path = str(tokenizer_dir(tmp_path / "model", ["terminal: pwd FAIL DONE"]))
+    config.actor_rollout_ref.rollout.name = "vllm"
+    config.actor_rollout_ref.rollout.prompt_length = 8192
+    config.actor_rollout_ref.rollout.response_length = 16384
+    worker = AgentLoopWorker(config, llm_client=None)
+    worker.llm_client = make_server(config, worker.tokenizer, scripts)
+    return worker
+
+
+def one_row(spec) -> object:
+    from verl import DataProto
+
+    from bunshin.engine.adapters import verl as adapter
+
+    return DataProto.from_dict(non_tensors={
+        "agent_name": column([adapter.AGENT_NAME]),
+        "raw_prompt": column([[{"role": "system", "content": "script=stall"}]]),
+        "bunshin": column([spec]),
+        "index": np.arange(1),
+    }, meta_info={"global_steps": 1, "validate": False})
+
+
+def test_a_cancelled_rollout_closes_its_workspaces_and_a_bad_row_is_named(state_dir, tmp_path, monkeypatch) -> None:
+    from bunshin.engine.adapters import verl as adapter
+
+    worker = worker_for(tmp_path, {"stall": ["terminal: pwd", None]})
+    sessions = []
+    real_session_for = adapter.session_for
+    monkeypatch.setattr(adapter, "session_for", lambda spec: sessions.append(real_session_for(spec)) or sessions[-1])
+    spec = {"suite": "desktop", "suite_knobs": SMALL, "task_id": TASK_ID, "state_dir": str(state_dir),
+            "limits": msgspec.to_builtins(LIMITS)}
+
+    async def cancel_mid_rollout() -> None:
+        task = asyncio.ensure_future(worker.generate_sequences(one_row(spec)))
+        await asyncio.wait_for(worker.llm_client.stalled.wait(), 60)  # one step done, the model is "thinking"
+        assert sessions and not sessions[0].closed
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sessions[0].closed  # closed before the cancellation reached the caller
+
+    asyncio.run(cancel_mid_rollout())
+    assert_no_leaks_sync(sessions[0].runtime)
+
+    with pytest.raises(adapter.BadRow, match="task_id"):
+        asyncio.run(worker.generate_sequences(one_row({"suite": "desktop"})))

@@ -94,7 +94,12 @@ class BunshinAgentLoop(AgentLoopBase):
         try:
             return await self._rollout(session, spec, sampling_params, kwargs)
         finally:
-            await asyncio.shield(asyncio.to_thread(session.close))
+            closing = asyncio.ensure_future(asyncio.to_thread(session.close))
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                await closing  # a cancelled rollout still waits for its workspaces to be gone, then is cancelled
+                raise
 
     async def _rollout(self, session: TaskSession, spec: dict[str, Any], sampling_params: dict[str, Any],
                        row: dict[str, Any]) -> AgentLoopOutput:
