@@ -62,11 +62,12 @@ def test_a_reference_episode_scores_1_and_a_fresh_fork_forgets_it(state_dir) -> 
         env.reset(seed=1)
 
 
-def test_gymnasium_checks_the_env_and_a_dropped_env_leaks_nothing(state_dir) -> None:
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_gymnasium_checks_the_env_and_a_dropped_env_leaks_nothing(state_dir, use_uvloop) -> None:
     from gymnasium.utils.env_checker import check_env
 
     env = env_class()(desktop(), next(t for t in desktop().tasks() if t.id == TASK_ID), state_dir=state_dir,
-                      limits=LIMITS)
+                      limits=LIMITS, use_uvloop=use_uvloop)  # the session's loop: uvloop or asyncio's own
     check_env(env, skip_render_check=True)  # gymnasium's own checker: spaces, reset/step signatures, seeding
     env.reset(seed=1)
     rt = env.session.runtime

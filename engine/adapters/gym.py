@@ -47,13 +47,14 @@ def env_class() -> type:
         metadata = {"render_modes": []}
 
         def __init__(self, suite: Suite, task: SuiteTask, *, max_steps: int = 30, backend: str = "cow",
-                     state_dir: Path | None = None, limits: Limits | None = None, call_timeout_s: float = 60.0):
+                     state_dir: Path | None = None, limits: Limits | None = None, call_timeout_s: float = 60.0,
+                     use_uvloop: bool = True):
             super().__init__()
             self.suite, self.task = suite, task
             self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=charset)
             self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=1, charset=charset)
             self.session = TaskSession(suite, task, backend=backend, state_dir=state_dir, limits=limits,
-                                       max_steps=max_steps, call_timeout_s=call_timeout_s)
+                                       max_steps=max_steps, call_timeout_s=call_timeout_s, use_uvloop=use_uvloop)
 
         def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
             super().reset(seed=seed)
