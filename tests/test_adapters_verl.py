@@ -98,7 +98,7 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     assert _agent_loop_registry[adapter.AGENT_NAME] == {"_target_": "bunshin.engine.adapters.verl.BunshinAgentLoop"}
     suite = desktop()
     reference = reference_actions(suite)
-    scripts = {"reference": reference, "give-up": ["FAIL"], "wander": ["terminal: pwd"] * 5}
+    scripts = {"reference": reference, "done-at-once": ["DONE"], "wander": ["terminal: pwd"] * 5}
     config = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
     config.actor_rollout_ref.model.path = str(tokenizer_dir(tmp_path / "model", [*reference, "terminal: pwd FAIL"]))
     config.actor_rollout_ref.rollout.name = "vllm"
@@ -109,7 +109,7 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     worker.llm_client = server
     spec = {"suite": "desktop", "suite_knobs": SMALL, "task_id": TASK_ID, "state_dir": str(state_dir),
             "limits": msgspec.to_builtins(LIMITS), "max_turns": 3}
-    rows = [("reference", 1), ("give-up", 2), ("wander", 3)]
+    rows = [("reference", 1), ("done-at-once", 2), ("wander", 3)]
     batch = DataProto.from_dict(non_tensors={
         "agent_name": column([adapter.AGENT_NAME] * len(rows)),
         "raw_prompt": column([[{"role": "system", "content": f"You operate a desktop. script={name}"}]
@@ -120,7 +120,7 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     }, meta_info={"global_steps": 1, "validate": False})
     sessions = []
 
-    def recorded(row_spec):  # verl's path is unchanged: we only keep each rollout's session to check it after
+    def recorded(row_spec):  # verl's path is unchanged: we only keep each session made to check it after
         sessions.append(real_session_for(row_spec))
         return sessions[-1]
 
@@ -128,13 +128,16 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     monkeypatch.setattr(adapter, "session_for", recorded)
     before = set(host_processes())
     out = asyncio.run(worker.generate_sequences(batch))
-    assert len(sessions) == len(rows) and all(s.closed for s in sessions)
+    # the three rollouts of the task ran at once, in forks of one set-up workspace, closed when the last ended
+    assert len(sessions) == 1 and sessions[0].closed
     for s in sessions:
         assert_no_leaks_sync(s.runtime)
 
     tok = worker.tokenizer
     rewards = out.batch["rm_scores"].sum(-1).tolist()
-    assert rewards == [1.0, 0.0, 0.0]  # the reference solves it; giving up and wandering do not
+    # the reference solves it; DONE at once (in a fork of the same set-up workspace, while the reference edits the
+    # file in its own) and wandering until the turns run out do not
+    assert rewards == [1.0, 0.0, 0.0]
     for i, (name, _) in enumerate(rows):
         mask = out.batch["response_mask"][i].bool()
         responses = out.batch["responses"][i]
@@ -144,8 +147,8 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
         # the observations are in the sequence with mask 0: what the editor and the terminal answered
         observed = tok.decode(responses[~mask & (responses != tok.pad_token_id)].tolist())
         assert {"reference": "<|user|>saved /home/agent/Documents/letter_2.txt<|end|>",
-                "give-up": "", "wander": "<|user|>/home/agent\n<|end|>"}[name] in observed
-        assert (observed == "") == (name == "give-up")
+                "done-at-once": "", "wander": "<|user|>/home/agent\n<|end|>"}[name] in observed
+        assert (observed == "") == (name == "done-at-once")
         logprobs = out.batch["rollout_log_probs"][i][mask]
         assert logprobs.numel() == int(mask.sum()) and float(logprobs.max()) < 0
     extra = out.non_tensor_batch

@@ -2,9 +2,10 @@
 (gymnasium, skyrl-gym) or runs on its own event loop (verl's agent loops).
 
 Owns: ``TaskSession``: a background thread running its own event loop (uvloop when installed) with a
-``WorkspaceRuntime``, the task's set-up workspace (created and set up once, on first use), and one live episode at a
-time: ``reset(seed)`` closes the previous episode's workspace and forks a fresh one from the set-up workspace
-(copy-on-write); ``step(text)`` parses the text in the suite's action language, runs it (or, for the final action,
+``WorkspaceRuntime``, the task's set-up workspace (created and set up once, on first use), and its episodes:
+``reset(seed)`` closes the previous episode's workspace and forks a fresh one from the set-up workspace
+(copy-on-write); the coroutine face (``areset``, ``astep``, ...) runs several named episodes at once, each in its
+own fork of the one set-up workspace (a GRPO group in verl); ``step(text)`` parses the text in the suite's action language, runs it (or, for the final action,
 scores it with the suite's evaluator) and returns an ``EpisodeStep``. Every call has a deadline enforced on the
 runtime's loop; ``close()`` (also run when the session is garbage-collected or the interpreter exits) closes every
 workspace and the runtime (processes, mounts, cgroups, the run's directory) and stops the thread.
@@ -57,6 +58,16 @@ class EpisodeStep:
     terminated: bool  # the final action was taken (scored)
     truncated: bool  # the step limit was reached without a final action (scored as the suite's null action)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+MAIN = "main"  # the episode the synchronous face runs
+
+
+@dataclass
+class _Episode:
+    ws: Workspace
+    max_steps: int
+    steps: int = 0
 
 
 class _Loop:
@@ -143,8 +154,8 @@ class TaskSession:
         self._finalizer = weakref.finalize(self, self._loop.shutdown)
         self._base: Workspace | None = None
         self._first: Observation | None = None
-        self._ws: Workspace | None = None
-        self._steps = 0
+        self._base_lock: asyncio.Lock | None = None
+        self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()  # one caller at a time (a sync env is not shared between threads)
 
     # -- the synchronous face -------------------------------------------------------------------------------
@@ -170,20 +181,21 @@ class TaskSession:
         return self._loop.runtime
 
     # -- the same from another event loop (verl's agent loops are coroutines) ------------------------------
-    async def areset(self, seed: int | None = None) -> str:
-        return await self._acall(self._reset(seed), self.setup_timeout_s, "reset")
+    # Several episodes may run at once, each named (``episode``), each in its own fork of the one set-up workspace.
+    async def areset(self, seed: int | None = None, *, episode: str = MAIN, max_steps: int | None = None) -> str:
+        return await self._acall(self._reset(seed, episode, max_steps), self.setup_timeout_s, "reset")
 
-    async def astep(self, action: str) -> EpisodeStep:
-        return await self._acall(self._step(action), self.call_timeout_s + self.setup_timeout_s, "step")
+    async def astep(self, action: str, *, episode: str = MAIN) -> EpisodeStep:
+        return await self._acall(self._step(action, episode), self.call_timeout_s + self.setup_timeout_s, "step")
 
-    async def agive_up(self) -> EpisodeStep:
+    async def agive_up(self, *, episode: str = MAIN) -> EpisodeStep:
         """End the episode without a final action from the agent (out of turns or tokens): scored as the suite's
         null action, ``truncated``."""
-        return await self._acall(self._give_up(), self.call_timeout_s + self.setup_timeout_s, "give up")
+        return await self._acall(self._give_up(episode), self.call_timeout_s + self.setup_timeout_s, "give up")
 
-    async def aend(self) -> None:
-        """Close the current episode's workspace (the set-up workspace stays for the next reset)."""
-        await self._acall(self._end(), self.setup_timeout_s, "end")
+    async def aend(self, *, episode: str = MAIN) -> None:
+        """Close an episode's workspace (the set-up workspace stays for the next reset)."""
+        await self._acall(self._end(episode), self.setup_timeout_s, "end")
 
     # -- plumbing -------------------------------------------------------------------------------------------
     def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float, what: str) -> T:
@@ -220,49 +232,58 @@ class TaskSession:
                 self._loop.workspaces.discard(ws)
 
     async def _ensure_base(self) -> tuple[Workspace, Observation]:
-        if self._loop.runtime is None:
-            rt = WorkspaceRuntime(**self._runtime_kwargs)
-            await rt.start()
-            self._loop.runtime = rt
-        if self._base is None:
-            ws = self._track(await self._loop.runtime.create(self.suite.app(self.task)))
-            try:
-                self._first = await self.suite.start(ws, self.task)
-            except BaseException:
-                await self._close_ws(ws)
-                raise
-            self._base = ws
+        if self._base_lock is None:  # made on the runtime's loop, where every caller of this runs
+            self._base_lock = asyncio.Lock()
+        async with self._base_lock:  # concurrent first resets set the task up once
+            if self._loop.runtime is None:
+                rt = WorkspaceRuntime(**self._runtime_kwargs)
+                await rt.start()
+                self._loop.runtime = rt
+            if self._base is None:
+                ws = self._track(await self._loop.runtime.create(self.suite.app(self.task)))
+                try:
+                    self._first = await self.suite.start(ws, self.task)
+                except BaseException:
+                    await self._close_ws(ws)
+                    raise
+                self._base = ws
         assert self._first is not None
         return self._base, self._first
 
-    async def _end(self) -> None:
-        ws, self._ws = self._ws, None
-        await self._close_ws(ws)
+    def _episode(self, name: str, what: str) -> _Episode:
+        episode = self._episodes.get(name)
+        if episode is None:
+            raise EpisodeNotStarted(f"{what}() needs reset() first (or the episode has ended)")
+        return episode
 
-    async def _reset(self, seed: int | None) -> str:
-        await self._end()
+    async def _end(self, name: str) -> None:
+        episode = self._episodes.pop(name, None)
+        if episode is not None:
+            await self._close_ws(episode.ws)
+
+    async def _reset(self, seed: int | None, name: str = MAIN, max_steps: int | None = None) -> str:
+        await self._end(name)
         base, first = await self._ensure_base()
-        self._ws = self._track(await base.fork(seed=seed))
-        self._steps = 0
+        ws = self._track(await base.fork(seed=seed))
+        self._episodes[name] = _Episode(ws=ws, max_steps=self.max_steps if max_steps is None else max_steps)
         return observation_text(first)
 
-    async def _finish(self, ws: Workspace, final: ToolCall, truncated: bool, info: dict[str, Any]) -> EpisodeStep:
-        reward = float(await self.suite.evaluate(ws, self.task, final))
-        await self._end()
+    async def _finish(self, name: str, final: ToolCall, truncated: bool, info: dict[str, Any]) -> EpisodeStep:
+        episode = self._episode(name, "step")
+        try:
+            reward = float(await self.suite.evaluate(episode.ws, self.task, final))
+        finally:
+            await self._end(name)
         info.update(final=final.name, reward=reward)
         return EpisodeStep(observation="", reward=reward, terminated=not truncated, truncated=truncated, info=info)
 
-    async def _give_up(self) -> EpisodeStep:
-        ws = self._ws
-        if ws is None:
-            raise EpisodeNotStarted("give_up() needs reset() first (or the episode has ended)")
-        return await self._finish(ws, self.suite.null_action(), True, {"step": self._steps})
+    async def _give_up(self, name: str = MAIN) -> EpisodeStep:
+        episode = self._episode(name, "give_up")
+        return await self._finish(name, self.suite.null_action(), True, {"step": episode.steps})
 
-    async def _step(self, action: str) -> EpisodeStep:
-        ws = self._ws
-        if ws is None:
-            raise EpisodeNotStarted("step() needs reset() first (or the episode has ended)")
-        info: dict[str, Any] = {"step": self._steps}
+    async def _step(self, action: str, name: str = MAIN) -> EpisodeStep:
+        episode = self._episode(name, "step")
+        info: dict[str, Any] = {"step": episode.steps}
         try:
             call = self.suite.normalize(self.suite.parse_action(action))
         except ActionError as exc:  # the agent's mistake: it reads the error and tries again
@@ -270,18 +291,18 @@ class TaskSession:
         truncated = False
         if call is not None and self.suite.is_final(call):
             final = call
-        elif self._steps >= self.max_steps:
+        elif episode.steps >= episode.max_steps:
             final, truncated = self.suite.null_action(), True
         else:
             final = None
-        self._steps += 1
+        episode.steps += 1
         if final is not None:
-            return await self._finish(ws, final, truncated, info)
+            return await self._finish(name, final, truncated, info)
         if call is None:
             return EpisodeStep(observation=f"ERROR: {info['action_error']}", reward=0.0, terminated=False,
                                truncated=False, info=info)
-        concrete = await self.suite.concrete(ws, call)
-        obs = await ws.execute(concrete, timeout_s=self.call_timeout_s)
+        concrete = await self.suite.concrete(episode.ws, call)
+        obs = await episode.ws.execute(concrete, timeout_s=self.call_timeout_s)
         info["call"] = ToolCall(name=concrete.name, args=concrete.args)
         return EpisodeStep(observation=observation_text(obs), reward=0.0, terminated=False, truncated=False,
                            info=info)

@@ -17,7 +17,9 @@ The row's ``bunshin`` field says what to run: ``{"task_id", "suite" (default web
 "seed", "max_turns", "backend", "state_dir", "limits"}``.
 What runs where: verl's classes run the loop (this subclass of ``AgentLoopBase``, verl's continuous-token builder,
 verl's ``AgentLoopOutput``, and around it verl's ``AgentLoopWorker`` padding it into a ``DataProto``); the workspace
-runs in a ``TaskSession`` (``session.py``) on its own thread and loop, one per rollout, closed when the rollout ends.
+runs in a ``TaskSession`` (``session.py``) on its own thread and loop; the rollouts of one task that run at once
+share one (``SessionPool``: each rollout is an episode in its own fork of the task's set-up workspace), closed
+when the last of them ends.
 Must never: be imported by bunshin itself (it imports verl and torch: the optional extra ``trainers``), block
 verl's event loop (closing the session runs in a thread), or leave a workspace behind on any path (the session is
 closed in ``finally``, cancellation included).
@@ -26,6 +28,8 @@ closed in ``finally``, cancellation included).
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,6 +81,49 @@ def session_for(spec: dict[str, Any]) -> TaskSession:
                        max_steps=int(spec.get("max_turns", 30)))
 
 
+class SessionPool:
+    """The sessions of the rollouts running at once in this process, one per task and configuration (the row's
+    ``bunshin`` field without ``seed`` and ``max_turns``): the samples of a GRPO group fork one set-up workspace.
+    A session is closed when the last rollout using it ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # verl may run agent loops on more than one thread
+        self._sessions: dict[str, tuple[TaskSession, int]] = {}
+
+    @staticmethod
+    def key(spec: dict[str, Any]) -> str:
+        return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "max_turns")}, sort_keys=True,
+                          default=str)
+
+    def acquire(self, spec: dict[str, Any]) -> tuple[str, TaskSession]:
+        key = self.key(spec)
+        with self._lock:
+            session, users = self._sessions.get(key, (None, 0))
+            if session is None or session.closed:
+                session, users = session_for(spec), 0
+            self._sessions[key] = (session, users + 1)
+            return key, session
+
+    async def release(self, key: str, session: TaskSession, episode: str) -> None:
+        """Close ``episode``'s workspace; the session too if no other rollout uses it."""
+        try:
+            if not session.closed:
+                await session.aend(episode=episode)
+        finally:
+            with self._lock:
+                current, users = self._sessions.get(key, (None, 0))
+                last = current is session and users <= 1
+                if last:
+                    del self._sessions[key]
+                elif current is session:
+                    self._sessions[key] = (session, users - 1)
+            if last or current is not session:
+                await asyncio.to_thread(session.close)
+
+
+POOL = SessionPool()
+
+
 @register(AGENT_NAME)
 class BunshinAgentLoop(AgentLoopBase):
     """One rollout of a suite task, token-in/token-out through verl's server manager."""
@@ -90,21 +137,23 @@ class BunshinAgentLoop(AgentLoopBase):
         spec = _plain(kwargs.get("bunshin"))
         if not isinstance(spec, dict):
             raise BadRow("the row needs a bunshin field: {'task_id': ..., 'suite': ..., ...}")
-        session = session_for(spec)
+        key, session = POOL.acquire(spec)
+        episode = uuid4().hex
         try:
-            return await self._rollout(session, spec, sampling_params, kwargs)
+            return await self._rollout(session, episode, spec, sampling_params, kwargs)
         finally:
-            closing = asyncio.ensure_future(asyncio.to_thread(session.close))
+            closing = asyncio.ensure_future(POOL.release(key, session, episode))
             try:
                 await asyncio.shield(closing)
             except asyncio.CancelledError:
-                await closing  # a cancelled rollout still waits for its workspaces to be gone, then is cancelled
+                await closing  # a cancelled rollout still waits for its workspace to be gone, then is cancelled
                 raise
 
-    async def _rollout(self, session: TaskSession, spec: dict[str, Any], sampling_params: dict[str, Any],
-                       row: dict[str, Any]) -> AgentLoopOutput:
+    async def _rollout(self, session: TaskSession, episode: str, spec: dict[str, Any],
+                       sampling_params: dict[str, Any], row: dict[str, Any]) -> AgentLoopOutput:
         started = time.monotonic()
-        first = await session.areset(int(spec.get("seed", 0)))
+        first = await session.areset(int(spec.get("seed", 0)), episode=episode,
+                                     max_steps=int(spec.get("max_turns", 30)))
         task = session.task
         messages = list(_plain(row.get("raw_prompt")) or [])
         messages.append({"role": "user", "content": f"{task.instruction}\n\n{first}"})
@@ -131,9 +180,9 @@ class BunshinAgentLoop(AgentLoopBase):
             t0 = time.monotonic()
             try:
                 if len(mask) >= self.response_length:
-                    result = await session.agive_up()
+                    result = await session.agive_up(episode=episode)
                 else:
-                    result = await session.astep(text)
+                    result = await session.astep(text, episode=episode)
             except (EnvsError, AdapterTimeout) as exc:  # the workspace failed this rollout: it ends, scored 0,
                 # with the reason; the rest of verl's batch goes on
                 result = EpisodeStep(observation="", reward=0.0, terminated=False, truncated=True,
@@ -148,7 +197,7 @@ class BunshinAgentLoop(AgentLoopBase):
             merged, new_mask, merged_logprobs = await self.ct_merge_context_msg(
                 previous, messages, ids, mask, logprobs if logprobs else None)
             if len(new_mask) >= self.response_length:  # no room for the observation: out of budget
-                result = await session.agive_up()
+                result = await session.agive_up(episode=episode)
                 break
             ids, mask = list(merged.token_ids), new_mask
             logprobs = list(merged_logprobs) if merged_logprobs else []
