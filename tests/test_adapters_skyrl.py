@@ -65,3 +65,25 @@ def test_a_missing_task_id_is_named() -> None:
 
     with pytest.raises(skyrl.BadEnvConfig, match="task_id"):
         skyrl_gym.make(skyrl.ENV_ID, env_config={"suite": "desktop"}, extras={})
+
+
+def test_the_envs_of_one_task_share_a_set_up_workspace_and_fork_it(state_dir) -> None:
+    first, second = make(state_dir, seed=1), make(state_dir, seed=2)
+    try:
+        assert first.session is second.session  # one set-up workspace; each env's episode is its own fork
+        first.init([])
+        second.init([])
+        actions = reference_actions(desktop())
+        for action in actions[:-1]:
+            assert first.step(action)["done"] is False
+        # the other fork never saw the edit: DONE there scores 0, and the first still scores 1
+        assert second.step("DONE")["reward"] == 0.0
+        assert first.step(actions[-1])["reward"] == 1.0
+        session, rt = first.session, first.session.runtime
+        first.close()
+        assert not session.closed  # the second env still holds it
+    finally:
+        first.close()
+        second.close()
+    assert session.closed
+    assert_no_leaks_sync(rt)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import concurrent.futures.thread  # noqa: F401  (imported before the exit hook below is registered: see there)
+import json
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -156,17 +157,19 @@ class TaskSession:
         self._first: Observation | None = None
         self._base_lock: asyncio.Lock | None = None
         self._episodes: dict[str, _Episode] = {}
-        self._lock = threading.Lock()  # one caller at a time (a sync env is not shared between threads)
 
     # -- the synchronous face -------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> str:
+    # Episodes are named; the runtime's loop runs them, so several threads may drive different episodes at once.
+    def reset(self, seed: int | None = None, *, episode: str = MAIN, max_steps: int | None = None) -> str:
         """Start a new episode in a fresh fork (seeded with ``seed``); returns the first observation's text."""
-        with self._lock:
-            return self._call(self._reset(seed), self.setup_timeout_s, "reset")
+        return self._call(self._reset(seed, episode, max_steps), self.setup_timeout_s, "reset")
 
-    def step(self, action: str) -> EpisodeStep:
-        with self._lock:
-            return self._call(self._step(action), self.call_timeout_s + self.setup_timeout_s, "step")
+    def step(self, action: str, *, episode: str = MAIN) -> EpisodeStep:
+        return self._call(self._step(action, episode), self.call_timeout_s + self.setup_timeout_s, "step")
+
+    def end(self, *, episode: str = MAIN) -> None:
+        """Close an episode's workspace (the set-up workspace stays for the next reset)."""
+        self._call(self._end(episode), self.setup_timeout_s, "end")
 
     def close(self) -> None:
         """Close every workspace and the runtime; later calls raise ``SessionClosed``."""
@@ -306,3 +309,55 @@ class TaskSession:
         info["call"] = ToolCall(name=concrete.name, args=concrete.args)
         return EpisodeStep(observation=observation_text(obs), reward=0.0, terminated=False, truncated=False,
                            info=info)
+
+
+class SessionPool:
+    """Sessions shared by the environments or rollouts of one task and configuration that are open at once in this
+    process (``key``): the samples of a GRPO group fork one set-up workspace, each its own episode. A session is
+    closed when the last user releases it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, tuple[TaskSession, int]] = {}
+
+    def acquire(self, key: str, make: Callable[[], TaskSession]) -> TaskSession:
+        with self._lock:
+            session, users = self._sessions.get(key, (None, 0))
+            if session is None or session.closed:
+                session, users = make(), 0
+            self._sessions[key] = (session, users + 1)
+            return session
+
+    def _drop(self, key: str, session: TaskSession) -> bool:
+        """One user fewer; whether ``session`` is to be closed now (it was the last, or is no longer pooled)."""
+        with self._lock:
+            current, users = self._sessions.get(key, (None, 0))
+            if current is not session:
+                return True
+            if users <= 1:
+                del self._sessions[key]
+                return True
+            self._sessions[key] = (session, users - 1)
+            return False
+
+    def release(self, key: str, session: TaskSession, episode: str) -> None:
+        """Close ``episode``'s workspace, and the session if no one else uses it."""
+        try:
+            if not session.closed:
+                session.end(episode=episode)
+        finally:
+            if self._drop(key, session):
+                session.close()
+
+    async def arelease(self, key: str, session: TaskSession, episode: str) -> None:
+        try:
+            if not session.closed:
+                await session.aend(episode=episode)
+        finally:
+            if self._drop(key, session):
+                await asyncio.to_thread(session.close)
+
+
+def pool_key(config: dict[str, Any]) -> str:
+    """A configuration as a pool key (plain values; anything else by its text)."""
+    return json.dumps(config, sort_keys=True, default=str)

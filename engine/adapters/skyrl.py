@@ -1,7 +1,8 @@
 """A skyrl-gym environment over a suite task (skyrl-gym 0.4.0's ``BaseTextEnv``: text in, chat messages out).
 
 Owns: ``BunshinSkyRLEnv`` (``__init__(env_config, extras)`` as skyrl-gym's environments take them; ``init(prompt)``
-forks a fresh copy of the task's set-up workspace and appends its first observation to the prompt as a user message;
+forks a fresh copy of the task's set-up workspace (the envs of one task open at once share one set-up workspace:
+``session.SessionPool``) and appends its first observation to the prompt as a user message;
 ``step(action)`` returns skyrl-gym's ``BaseTextEnvStepOutput``: the next observation as a user message, the
 suite's score at the final action, ``done``, metadata; ``close()`` closes every workspace) and ``register()``, which
 registers it with skyrl-gym under ``ENV_ID`` the way skyrl-gym registers its own (``skyrl_gym.register(id=...,
@@ -17,6 +18,8 @@ workspace behind (closed by ``close()``, at garbage collection and at exit).
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +32,12 @@ from bunshin.envs.suites.base import Suite
 from bunshin.envs.suites.registry import get_suite
 
 from .gym import find_task
-from .session import AdapterError, TaskSession
+from .session import AdapterError, SessionPool, TaskSession, pool_key
 
 ENV_ID = "bunshin"
+
+
+POOL = SessionPool()
 
 
 class BadEnvConfig(AdapterError, ValueError):
@@ -68,19 +74,28 @@ class BunshinSkyRLEnv(BaseTextEnv):
             limits = msgspec.convert(limits, Limits) if isinstance(limits, dict) else limits
         except msgspec.ValidationError as exc:
             raise BadEnvConfig(f"env_config.limits: {exc}") from exc
-        self.session = TaskSession(self.suite, self.task, backend=config.get("backend", "cow"),
-                                   state_dir=Path(state_dir) if state_dir else None, limits=limits,
-                                   max_steps=self.max_turns)
+
+        def make() -> TaskSession:
+            return TaskSession(self.suite, self.task, backend=config.get("backend", "cow"),
+                               state_dir=Path(state_dir) if state_dir else None, limits=limits)
+
+        # SkyRL makes an env per trajectory: those of one task open at once share a session (one set-up
+        # workspace; each env's episode is its own fork). A suite object passed in is its own key.
+        shared = {k: v for k, v in config.items() if k != "max_turns"}
+        self._key = pool_key({**shared, "task_id": self.task.id, "suite_object": id(suite) if suite else None})
+        self.session = POOL.acquire(self._key, make)
+        self.episode = uuid.uuid4().hex
+        self._release = weakref.finalize(self, POOL.release, self._key, self.session, self.episode)
         self.done = False
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
-        first = self.session.reset(self.seed)
+        first = self.session.reset(self.seed, episode=self.episode, max_steps=self.max_turns)
         conversation = [*prompt, {"role": "user", "content": first}]
         return conversation, {"task_id": self.task.id, "seed": self.seed}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
-        result = self.session.step(action)
+        result = self.session.step(action, episode=self.episode)
         self.done = result.terminated or result.truncated
         observations = [] if self.done else [{"role": "user", "content": result.observation}]
         metadata = {k: v for k, v in result.info.items() if k != "call"}
@@ -89,7 +104,8 @@ class BunshinSkyRLEnv(BaseTextEnv):
                                      metadata=metadata, postprocessed_action=action)
 
     def close(self) -> None:
-        self.session.close()
+        """Close this env's episode; the shared session closes with the last env of its task."""
+        self._release()
 
 
 def register() -> None:

@@ -18,7 +18,7 @@ The row's ``bunshin`` field says what to run: ``{"task_id", "suite" (default web
 What runs where: verl's classes run the loop (this subclass of ``AgentLoopBase``, verl's continuous-token builder,
 verl's ``AgentLoopOutput``, and around it verl's ``AgentLoopWorker`` padding it into a ``DataProto``); the workspace
 runs in a ``TaskSession`` (``session.py``) on its own thread and loop; the rollouts of one task that run at once
-share one (``SessionPool``: each rollout is an episode in its own fork of the task's set-up workspace), closed
+share one (``session.SessionPool``: each rollout is an episode in its own fork of the task's set-up workspace), closed
 when the last of them ends.
 Must never: be imported by bunshin itself (it imports verl and torch: the optional extra ``trainers``), block
 verl's event loop (closing the session runs in a thread), or leave a workspace behind on any path (the session is
@@ -28,8 +28,6 @@ closed in ``finally``, cancellation included).
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from bunshin.envs.records import Limits
 from bunshin.envs.suites.registry import get_suite
 
 from .gym import find_task
-from .session import AdapterError, AdapterTimeout, EpisodeStep, TaskSession
+from .session import AdapterError, AdapterTimeout, EpisodeStep, SessionPool, TaskSession, pool_key
 
 AGENT_NAME = "bunshin"
 
@@ -81,47 +79,7 @@ def session_for(spec: dict[str, Any]) -> TaskSession:
                        max_steps=int(spec.get("max_turns", 30)))
 
 
-class SessionPool:
-    """The sessions of the rollouts running at once in this process, one per task and configuration (the row's
-    ``bunshin`` field without ``seed`` and ``max_turns``): the samples of a GRPO group fork one set-up workspace.
-    A session is closed when the last rollout using it ends."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # verl may run agent loops on more than one thread
-        self._sessions: dict[str, tuple[TaskSession, int]] = {}
-
-    @staticmethod
-    def key(spec: dict[str, Any]) -> str:
-        return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "max_turns")}, sort_keys=True,
-                          default=str)
-
-    def acquire(self, spec: dict[str, Any]) -> tuple[str, TaskSession]:
-        key = self.key(spec)
-        with self._lock:
-            session, users = self._sessions.get(key, (None, 0))
-            if session is None or session.closed:
-                session, users = session_for(spec), 0
-            self._sessions[key] = (session, users + 1)
-            return key, session
-
-    async def release(self, key: str, session: TaskSession, episode: str) -> None:
-        """Close ``episode``'s workspace; the session too if no other rollout uses it."""
-        try:
-            if not session.closed:
-                await session.aend(episode=episode)
-        finally:
-            with self._lock:
-                current, users = self._sessions.get(key, (None, 0))
-                last = current is session and users <= 1
-                if last:
-                    del self._sessions[key]
-                elif current is session:
-                    self._sessions[key] = (session, users - 1)
-            if last or current is not session:
-                await asyncio.to_thread(session.close)
-
-
-POOL = SessionPool()
+POOL = SessionPool()  # the rollouts of one task running at once in this process share a session
 
 
 @register(AGENT_NAME)
@@ -137,12 +95,13 @@ class BunshinAgentLoop(AgentLoopBase):
         spec = _plain(kwargs.get("bunshin"))
         if not isinstance(spec, dict):
             raise BadRow("the row needs a bunshin field: {'task_id': ..., 'suite': ..., ...}")
-        key, session = POOL.acquire(spec)
+        key = pool_key({k: v for k, v in spec.items() if k not in ("seed", "max_turns")})
+        session = POOL.acquire(key, lambda: session_for(spec))
         episode = uuid4().hex
         try:
             return await self._rollout(session, episode, spec, sampling_params, kwargs)
         finally:
-            closing = asyncio.ensure_future(POOL.release(key, session, episode))
+            closing = asyncio.ensure_future(POOL.arelease(key, session, episode))
             try:
                 await asyncio.shield(closing)
             except asyncio.CancelledError:
