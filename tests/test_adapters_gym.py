@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin.engine.adapters.gym import env_class, make_env
+from bunshin.engine.adapters.gym import env_class
 from bunshin.engine.adapters.session import EpisodeNotStarted, SessionClosed
 
 from .adapter_helpers import LIMITS, TASK_ID, assert_no_leaks_sync, desktop, reference_actions
@@ -21,14 +21,19 @@ gymnasium = pytest.importorskip("gymnasium", reason="the trainers extra (./scrip
 
 
 def test_a_reference_episode_scores_1_and_a_fresh_fork_forgets_it(state_dir) -> None:
+    from bunshin.engine.adapters.gym import ENV_ID
+
     suite = desktop()
-    env = make_env(suite, TASK_ID, state_dir=state_dir, limits=LIMITS, max_steps=10)
+    env_class()  # registers ENV_ID with gymnasium
+    env = gymnasium.make(ENV_ID, suite=suite, task_id=TASK_ID, state_dir=state_dir, limits=LIMITS, max_steps=10)
     try:
-        assert isinstance(env, gymnasium.Env)
+        assert isinstance(env, gymnasium.Env) and isinstance(env.unwrapped, env_class())  # in gymnasium's wrappers
         assert isinstance(env.observation_space, gymnasium.spaces.Text)
         assert isinstance(env.action_space, gymnasium.spaces.Text)
-        with pytest.raises(EpisodeNotStarted):
+        with pytest.raises(gymnasium.error.ResetNeeded):  # gymnasium's order check, before ours
             env.step("DONE")
+        with pytest.raises(EpisodeNotStarted):
+            env.unwrapped.step("DONE")
         obs, info = env.reset(seed=3)
         assert env.observation_space.contains(obs) and info["task_id"] == TASK_ID
         # a malformed action is the agent's mistake: an observation naming it, the episode goes on
@@ -54,7 +59,7 @@ def test_a_reference_episode_scores_1_and_a_fresh_fork_forgets_it(state_dir) -> 
             *_, terminated, truncated, _ = env.step('terminal: pwd')
         assert (terminated, truncated) == (False, False)
         assert env.step("terminal: pwd")[1:4] == (0.0, False, True)
-        rt = env.session.runtime
+        rt = env.unwrapped.session.runtime
     finally:
         env.close()
     assert_no_leaks_sync(rt)

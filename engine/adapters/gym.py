@@ -4,7 +4,8 @@ Owns: ``BunshinTaskEnv`` (gymnasium's ``Env`` contract: ``observation_space`` an
 ``gymnasium.spaces.Text``; ``reset(seed=...)`` forks a fresh copy of the task's set-up workspace and returns
 ``(observation, info)``; ``step(action_text)`` returns ``(observation, reward, terminated, truncated, info)``, the
 reward being the suite's evaluator's score at the final action; ``close()`` closes every workspace) and
-``make_env`` (by suite name and task id, as ``gymnasium.make`` would). The workspaces run on the session's own
+``make_env`` (by suite name and task id; also registered with gymnasium as ``ENV_ID``, so
+``gymnasium.make(ENV_ID, suite="webshop", task_id="42")`` makes one with gymnasium's own wrappers). The workspaces run on the session's own
 event loop in a background thread (``session.py``), since gymnasium's API is synchronous.
 Must never: import gymnasium at bunshin's import (the class is built on first use), or leave a workspace behind
 (closed by ``close()``, at garbage collection and at exit).
@@ -23,6 +24,7 @@ from bunshin.envs.suites.registry import get_suite
 
 from .session import EpisodeNotStarted, TaskSession
 
+ENV_ID = "bunshin/SuiteTask-v0"  # gymnasium.make(ENV_ID, suite=..., task_id=...) once env_class() has run
 MAX_TEXT = 1 << 20  # the spaces' bound on an observation's or action's length (characters)
 
 
@@ -75,6 +77,8 @@ def env_class() -> type:
             super().close()
 
     BunshinTaskEnv.__module__ = __name__
+    if ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=ENV_ID, entry_point=f"{__name__}:make_env")
     return BunshinTaskEnv
 
 

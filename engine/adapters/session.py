@@ -2,13 +2,14 @@
 (gymnasium, skyrl-gym) or runs on its own event loop (verl's agent loops).
 
 Owns: ``TaskSession``: a background thread running its own event loop (uvloop when installed) with a
-``WorkspaceRuntime``, the task's set-up workspace (created and set up once, on first use), and its episodes:
-``reset(seed)`` closes the previous episode's workspace and forks a fresh one from the set-up workspace
-(copy-on-write); the coroutine face (``areset``, ``astep``, ...) runs several named episodes at once, each in its
-own fork of the one set-up workspace (a GRPO group in verl); ``step(text)`` parses the text in the suite's action language, runs it (or, for the final action,
-scores it with the suite's evaluator) and returns an ``EpisodeStep``. Every call has a deadline enforced on the
-runtime's loop; ``close()`` (also run when the session is garbage-collected or the interpreter exits) closes every
-workspace and the runtime (processes, mounts, cgroups, the run's directory) and stops the thread.
+``WorkspaceRuntime``, the task's set-up workspace (created and set up once, on first use), and its episodes, each
+named and each in its own copy-on-write fork of the set-up workspace: ``reset(seed)`` closes the episode's previous
+workspace and forks a fresh one; ``step(text)`` parses the text in the suite's action language, runs it (or, for the
+final action, scores it with the suite's evaluator) and returns an ``EpisodeStep``; ``areset``/``astep``/... do the
+same from another event loop. Several episodes may run at once (a GRPO group). Every call has a deadline enforced
+on the runtime's loop; ``close()`` (also run when the session is garbage-collected or the interpreter exits) closes
+every workspace and the runtime (processes, mounts, cgroups, the run's directory) and stops the thread.
+``SessionPool``: sessions shared by the users of one task and configuration open at once, closed with the last.
 Must never: run the runtime on the caller's loop or thread (the synchronous APIs block it), let a malformed action
 escape as an exception (it is the agent's mistake: an observation with the error, as the engine treats it), or
 leave a workspace behind on any path.
@@ -102,13 +103,13 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     async def _teardown(self) -> None:
-        for ws in list(self.workspaces):
-            try:
+        try:
+            for ws in list(self.workspaces):
                 await ws.close()
-            finally:
                 self.workspaces.discard(ws)
-        if self.runtime is not None:
-            await self.runtime.close()
+        finally:
+            if self.runtime is not None:
+                await self.runtime.close()  # closes whatever is still open, then the run's cgroup, pool, directory
 
     def shutdown(self, timeout_s: float = 120.0) -> None:
         """Close every workspace and the runtime, then stop the loop and join the thread. Idempotent."""
