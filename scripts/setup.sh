@@ -2,8 +2,21 @@
 # Sets up a fresh Debian machine (as root) for BunshinRL: system packages, then a virtualenv in .venv with the
 # project and its test dependencies installed. Safe to run again. It prints one line per step; the package
 # managers' own output goes to .venv/setup.log (its tail is shown if a step fails).
+#   ./scripts/setup.sh              the engine and its tests (no torch)
+#   ./scripts/setup.sh --trainers   also the optional extra `trainers` (torch, verl, skyrl-gym, gymnasium, ray) the
+#                                   adapters' tests need: torch==2.13.0 first, so pip keeps that CPU build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TRAINERS=0
+for arg in "$@"; do
+  case "$arg" in
+    --trainers) TRAINERS=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --trainers)" >&2; exit 2 ;;
+  esac
+done
+STEPS=3
+[ "$TRAINERS" = 1 ] && STEPS=4
 
 say() { echo "setup.sh: $*"; }
 LOG=""
@@ -27,7 +40,7 @@ command -v unshare >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 command -v ps >/dev/null || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
-  say "[1/3] installing system packages: ${need[*]}"
+  say "[1/$STEPS] installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt_log=$(mktemp /tmp/bunshin-setup-apt.XXXXXX)
   LOG=$apt_log
@@ -35,23 +48,34 @@ if [ ${#need[@]} -gt 0 ]; then
   rm -f "$apt_log"
   LOG=""
 else
-  say "[1/3] system packages present (btrfs-progs, util-linux, iproute2, procps)"
+  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps)"
 fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  say "[2/3] creating the virtualenv .venv with $("$PY" --version 2>&1)"
+  say "[2/$STEPS] creating the virtualenv .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv || fail "python3 -m venv .venv (Debian: apt-get install python3-venv)"
 else
-  say "[2/3] virtualenv .venv present"
+  say "[2/$STEPS] virtualenv .venv present"
 fi
 
 LOG=.venv/setup.log
-say "[3/3] installing bunshin and its test dependencies into .venv (log: $LOG)"
+say "[3/$STEPS] installing bunshin and its test dependencies into .venv (log: $LOG)"
 {
   .venv/bin/python -m pip install --upgrade pip || echo "(pip could not upgrade itself; going on with the one there is)"
   .venv/bin/python -m pip install -e '.[test]'
 } >"$LOG" 2>&1 || fail "pip install -e '.[test]'"
 .venv/bin/python -c "import bunshin.envs, bunshin.engine, bunshin.policies" >>"$LOG" 2>&1 \
   || fail "the installed package does not import"
+if [ "$TRAINERS" = 1 ]; then
+  say "[4/$STEPS] installing the trainers extra: torch 2.13.0 (CPU), then verl, skyrl-gym, gymnasium, ray (log: $LOG; several minutes the first time)"
+  {
+    .venv/bin/python -m pip install 'torch==2.13.0' && .venv/bin/python -m pip install -e '.[test,trainers]'
+  } >>"$LOG" 2>&1 || fail "pip install -e '.[test,trainers]'"
+  if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-'; then
+    fail "pip pulled CUDA packages (nvidia-*): torch must be the CPU build 2.13.0"
+  fi
+  .venv/bin/python -c "import torch, verl.experimental.agent_loop, skyrl_gym, gymnasium, ray.cluster_utils" >>"$LOG" 2>&1 \
+    || fail "the trainers extra does not import"
+fi
 say "ready: .venv/bin/bunshin ($(.venv/bin/python -c 'import msgspec, uvloop; print("msgspec", msgspec.__version__, "uvloop", uvloop.__version__)'))"
