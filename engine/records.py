@@ -18,6 +18,8 @@ import msgspec
 
 from bunshin.envs.records import Observation, ToolCall, canonical
 
+from .errors import BadRequest
+
 __all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
            "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
 
@@ -36,6 +38,7 @@ class Status(enum.StrEnum):
     EVALUATOR_ERROR = "evaluator_error"
     SETUP_FAILED = "setup_failed"  # the group's base workspace could not be made or its task set up
     ENGINE_ERROR = "engine_error"  # a bug of the engine (or a suite's own code): never the agent's or workspace's
+    NODE_LOST = "node_lost"  # on a cluster: its node died and no node was left to run it again
 
 
 class StepObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +87,18 @@ class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True):
     group_size: int = 1
     seed: int = 0
     group_id: str = ""
+    samples: list[int] | None = None  # which samples of the group to run (a retry's); None: all of range(group_size)
+
+    def sample_indices(self) -> list[int]:
+        """The samples this request runs, in order; ``BadRequest`` (a ``ValueError``) when one is outside the group or
+        repeated."""
+        if self.samples is None:
+            return list(range(self.group_size))
+        bad = [s for s in self.samples if not 0 <= s < self.group_size]
+        if bad or len(set(self.samples)) != len(self.samples):
+            raise BadRequest(f"request {self.group_id or self.task.task_id}: samples {self.samples} must be distinct "
+                             f"indices in range({self.group_size})")
+        return list(self.samples)
 
 
 class Trajectory(msgspec.Struct, kw_only=True):
@@ -107,11 +122,17 @@ class Trajectory(msgspec.Struct, kw_only=True):
     lineage: list[str] = []  # workspace ids from the group's base to this sample's workspace
     backend: str = "cow"
     prompt_token_ids: list[int] | None = None
+    attempts: int = 1  # how many times this sample was started: > 1 when a node died under it and it ran again
 
 
 class RolloutResult(msgspec.Struct, kw_only=True):
     trajectory: Trajectory
     peak_memory_bytes: int = 0  # the run's memory when this rollout finished (for progress displays)
+    node: str = ""  # on a cluster (``engine/cluster``): the Ray node id whose agent ran it; "" on one host
+
+    @property
+    def retried(self) -> bool:
+        return self.trajectory.attempts > 1
 
 
 _encoder = msgspec.json.Encoder()
