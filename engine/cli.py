@@ -7,8 +7,10 @@ Owns: parsing arguments and dispatching; every command's work lives in its own m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from bunshin.envs.runtime.fork.backends import BACKENDS
@@ -245,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run predicted tool calls in forks while the policy reasons, adopt a branch whose call "
                          "matches (with --prefix-cache --cache-dir DIR the selector is saved in DIR)")
     _spec_arguments(ev)
+    ev.add_argument("--ray", metavar="ADDRESS",
+                    help="run the same job on a Ray cluster: one node agent per node (--concurrency and "
+                         "--memory-budget are per node); ADDRESS as ray.init(address=...) takes it (auto, "
+                         "ray://host:10001, host:6379), or local:N for N simulated nodes on this machine")
     ev.add_argument("--spec-readonly", action="store_true",
                     help="with --speculate: speculate only calls the suite declares read-only (for comparison)")
     ev.set_defaults(subparser=ev)
@@ -353,6 +359,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def ray_cluster(address: str | None) -> Iterator[str | None]:
+    """``--ray``: the address to give ``ray.init`` (None without ``--ray``); ``local:N`` starts N simulated nodes on
+    this machine for the command's duration (``engine/cluster/local.py``)."""
+    if address is None:
+        yield None
+        return
+    from bunshin.engine.cluster.local import LocalClusterError, local_cluster, parse_local
+
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"--ray needs Ray installed (pip install 'ray[default]'): {exc}") from exc
+    try:
+        nodes = parse_local(address)
+    except LocalClusterError as exc:
+        raise SystemExit(f"bunshin: {exc}") from exc
+    if nodes is None:
+        yield address
+        return
+    with local_cluster(nodes) as cluster:
+        yield cluster.address
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
@@ -422,10 +452,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("bunshin eval: --task-dir sets the suite's tasks_dir and lenient knobs itself")
             args.set = [*args.set, ("tasks_dir", str(args.task_dir)), ("lenient", True)]
         with_time_scale(args, args.time_scale)
-        summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
-                                    group_size=args.group_size, concurrency=args.concurrency,
-                                    memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
-                                    max_steps=args.max_steps, prefix=prefix, speculation=speculation))
+        with ray_cluster(args.ray) as address:
+            summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks,
+                                              limit=args.limit, group_size=args.group_size,
+                                              concurrency=args.concurrency, memory_budget=args.memory_budget,
+                                              backend=args.backend, seed=args.seed, max_steps=args.max_steps,
+                                              prefix=prefix, speculation=speculation, ray_address=address))
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":

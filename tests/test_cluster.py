@@ -19,14 +19,14 @@ import ray
 from bunshin.engine.cluster.driver import ClusterEngine
 from bunshin.engine.cluster.local import local_cluster, ray_processes
 from bunshin.engine.cluster.placement import app_key
-from bunshin.engine.records import RolloutResult, Status, Trajectory
+from bunshin.engine.records import RolloutResult, Status, Trajectory, read_jsonl
 from bunshin.engine.rollout import RolloutEngine
 from bunshin.envs.runtime.cleanup import process_start_time
 from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.scripted import ScriptedPolicy
 
-from .conftest import leftovers
+from .conftest import host_processes, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,7 @@ def cluster():
         finally:
             ray.shutdown()
     assert ray_processes(session) == []
+    assert host_processes() == []  # no workspace host or nursery of any agent's run
 
 
 def shop(task_dir: Path) -> WebShopSuite:
@@ -212,3 +213,25 @@ def test_no_raylet_of_this_session_but_the_clusters(cluster) -> None:
     module means something)."""
     assert ray_processes(cluster.head_node.get_session_dir_path())
     assert os.geteuid() == 0
+
+
+def test_bunshin_eval_runs_the_same_job_on_a_cluster(cluster, task_dir, tmp_path) -> None:
+    """``bunshin eval --ray ADDRESS`` (a separate driver process joining the cluster) writes the trajectories one
+    host's ``bunshin eval`` writes, and says how the cluster ran them."""
+    import subprocess
+    import sys
+
+    def run(out: Path, *extra: str) -> list[Trajectory]:
+        subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", "--suite", "webshop", "--catalog-size",
+                        str(CATALOG), "--set", f"tasks_dir={task_dir}", "--policy", "scripted", "--time-scale", "0",
+                        "--group-size", "2", "--concurrency", "2", "--seed", "5", "--out", str(out), *extra],
+                       check=True, timeout=240, capture_output=True)
+        return list(read_jsonl(out / "trajectories.jsonl"))
+
+    here = run(tmp_path / "one")
+    there = run(tmp_path / "cluster", "--ray", cluster.address)
+    key = lambda t: (t.group_id, t.sample)  # noqa: E731
+    assert [digest(t) for t in sorted(there, key=key)] == [digest(t) for t in sorted(here, key=key)]
+    summary = msgspec.json.decode((tmp_path / "cluster" / "summary.json").read_bytes())
+    assert summary["rollouts"] == 2 * TASKS and summary["cluster"]["nodes"] == 3
+    assert summary["cluster"]["retried"] == 0 and len(summary["cluster"]["peak_bytes_per_node"]) == 3
