@@ -317,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     _suite_arguments(sel)
     bench_selector.add_arguments(sel)
 
+    from .bench import scale as bench_scale
+
+    sc = bench_sub.add_parser("scale", help="rollouts per second and memory per node on 1, 2, 3... Ray nodes "
+                                            "(simulated on this machine: ratios only), and the cost of a Ray hop")
+    _suite_arguments(sc)
+    bench_scale.add_arguments(sc)
+
     ep = bench_sub.add_parser("epoch", help="wall time, tool-seconds and memory of epochs of GRPO groups, per mode")
     _suite_arguments(ep)
     ep.add_argument("--epochs", type=int, default=3)
@@ -431,6 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import selector as bench_selector
 
         return bench_selector.command(args, make_suite)
+    if args.command == "bench" and args.bench == "scale":
+        from .bench import scale as bench_scale
+
+        with_time_scale(args, args.time_scale)
+        return bench_scale.command(args, make_suite)
     if args.command == "bench" and args.bench == "epoch":
         from .bench import epoch as bench_epoch
 

@@ -4,7 +4,8 @@ Owns: ``NodeAgent`` (made a Ray actor by the driver, pinned to its node, async):
 workspace runtime, application roots, fork backend, admission by the host's memory budget), the guardian process
 that removes the run if this process dies (``guardian.py``), ``run_group`` (a streaming generator: the samples of
 a request it is given, each result yielded as it finishes, msgpack-encoded, stamped with this node's id),
-``status`` (the memory charge, budget, admission estimate and roots the driver places by) and ``close``.
+``status`` (the memory charge, budget, admission estimate and roots the driver places by) and ``close``;
+``echo`` and ``probe_calls`` for ``bunshin bench scale`` (a Ray round trip against a local tool call).
 Why a generator per group: results flow to the driver as they finish, with Ray's generator back-pressure bounding
 what waits unconsumed; a dead node ends the generator with an error, so the driver knows exactly which results of
 the group it already has.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -102,3 +104,23 @@ class NodeAgent:
 
     def pid(self) -> int:
         return os.getpid()
+
+    # -- for ``bunshin bench scale`` ------------------------------------------------------------------------------
+    def echo(self, payload: bytes) -> bytes:
+        """A round trip carrying ``payload`` (what a tool call and its observation would cost to cross Ray)."""
+        return payload
+
+    async def probe_calls(self, n: int, timeout_s: float = 30.0) -> list[float]:
+        """Seconds of ``n`` trivial tool calls on a workspace of this host (made, used and closed here)."""
+        from bunshin.envs import AppSpec, ToolCall
+
+        ws = await self.engine.runtime.create(AppSpec())
+        try:
+            took = []
+            for _ in range(n):
+                started = time.perf_counter()
+                await ws.execute(ToolCall(name="shell", args={"cmd": "true"}), timeout_s=timeout_s)
+                took.append(time.perf_counter() - started)
+            return took
+        finally:
+            await ws.close()
