@@ -63,8 +63,8 @@ class NodeAgent:
         self.closed = False
 
     async def start(self) -> bytes:
-        """Start the engine (and the guardian first: a death while starting is cleaned up too); the agent's
-        ``AgentInfo``."""
+        """Start the engine, then its guardian (it needs the run's id; a death in between is cleaned up by the next
+        engine start on this machine, as on one host); the agent's ``AgentInfo``."""
         engine = self.engine
         await engine.__aenter__()
         try:

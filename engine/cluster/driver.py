@@ -195,6 +195,8 @@ class ClusterEngine:
             return
         except TimeoutError:
             return  # slow, not dead: the views keep the last report
+        except Exception:  # the agent's status raised (a bug of ours): keep the last report, keep polling
+            return
         self.statuses[node_id] = status
         self.node_peaks[node_id] = max(self.node_peaks.get(node_id, 0), status.peak)
         self._sent_since_report[node_id] -= sent
