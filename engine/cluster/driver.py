@@ -97,6 +97,7 @@ class ClusterEngine:
         self._streams: set[asyncio.Future[None]] = set()
         self._wake: asyncio.Event | None = None
         self._on_loss: set[Any] = set()  # each stream's hook: a node died, put its samples back
+        self._ledgers: set[Ledger] = set()  # the streams running now (a node's load is all of theirs)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     async def __aenter__(self) -> ClusterEngine:
@@ -212,14 +213,14 @@ class ClusterEngine:
             if self._wake is not None:
                 self._wake.set()
 
-    def _views(self, ledger: Ledger) -> list[NodeView]:
+    def _views(self) -> list[NodeView]:
         views = []
         for node_id, info in self.infos.items():
             status = self.statuses.get(node_id)
             views.append(NodeView(node_id=node_id, slots=info.slots, alive=node_id not in self.dead,
                                   charge=status.charge if status else 0, budget=info.budget,
                                   estimate=status.estimate if status and status.estimate else 64 << 20,
-                                  in_flight=ledger.in_flight(node_id),
+                                  in_flight=sum(ledger.in_flight(node_id) for ledger in self._ledgers),
                                   sent_since_report=max(0, self._sent_since_report[node_id]),
                                   roots=frozenset(self._roots[node_id])))
         return views
@@ -266,7 +267,6 @@ class ClusterEngine:
 
     async def _produce(self, batch: list[Work], ledger: Ledger, queue: asyncio.Queue[RolloutResult]) -> None:
         waiting: collections.deque[Work] = collections.deque(batch)
-        running: dict[str, int] = {}  # node -> pieces of work running there
         wake = self._wake
         assert wake is not None
 
@@ -275,6 +275,7 @@ class ClusterEngine:
                 waiting.appendleft(work)  # retries first: their group's other samples are done already
 
         self._on_loss.add(lost)
+        self._ledgers.add(ledger)
         try:
             async with asyncio.TaskGroup() as pieces:
                 while not ledger.done():
@@ -286,13 +287,12 @@ class ClusterEngine:
                                                              "every node of the cluster died before it could run"))
                         if ledger.done():
                             break
-                    placed, _ = place(list(waiting), self._views(ledger), self.root_estimate)
+                    placed, _ = place(list(waiting), self._views(), self.root_estimate)
                     for work, node_id in placed:
                         waiting.popleft()
                         ledger.send(work, node_id)
                         self._sent_since_report[node_id] += len(work.samples)
                         self._roots[node_id].add(work.app)
-                        running[node_id] = running.get(node_id, 0) + 1
                         pieces.create_task(self._piece(work, node_id, ledger, queue))
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -300,6 +300,7 @@ class ClusterEngine:
                             await wake.wait()
         finally:
             self._on_loss.discard(lost)
+            self._ledgers.discard(ledger)
 
     async def _piece(self, work: Work, node_id: str, ledger: Ledger, queue: asyncio.Queue[RolloutResult]) -> None:
         """One piece of work on its node: each result passed on once; the node's death puts the rest back."""
