@@ -54,6 +54,7 @@ def cluster():
         finally:
             ray.shutdown()
     assert ray_processes(session) == []
+    assert not Path(session).exists()  # Ray's logs and sockets of the cluster: removed with it
     assert host_processes() == []  # no workspace host or nursery of any agent's run
 
 

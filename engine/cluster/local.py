@@ -1,17 +1,19 @@
 """A Ray cluster of simulated nodes on this machine: several raylets, each its own node (``ray.cluster_utils``).
 
-Owns: ``local_cluster(n)`` (a context manager: a head and ``n - 1`` more raylets, small object stores, no
-dashboard, node death noticed within seconds; everything removed on exit, and checked gone), ``parse_local``
-(``local:N`` as ``--ray`` takes it) and ``ray_processes`` (the Ray processes this process started, for the checks).
+Owns: ``local_cluster(n)`` (a context manager: a head and ``n - 1`` more raylets, small object stores,
+node death noticed within seconds; everything removed on exit, and checked gone), ``parse_local``
+(``local:N`` as ``--ray`` takes it), ``remove_session`` (Ray's session directory, once its cluster is gone) and
+``ray_processes`` (the Ray processes this process started, for the checks).
 For ``bunshin eval --ray local:N``, the tests and ``bunshin bench scale``: the nodes share the machine's cores and
 memory, so only ratios mean anything.
-Must never: leave a raylet, GCS or worker behind when the context exits.
+Must never: leave a raylet, GCS, worker or (unless asked) its session directory behind when the context exits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,9 +44,9 @@ def parse_local(address: str) -> int | None:
     return n
 
 
-def ray_processes(session_dir: str | None = None) -> list[int]:
-    """Ray's processes (raylets, GCS, workers, monitors) whose environment or command line names ``session_dir``,
-    or that descend from this process when ``session_dir`` is None."""
+def ray_processes(session_dir: str) -> list[int]:
+    """Ray's processes (raylets, GCS, workers, monitors) of the cluster whose session is ``session_dir``: its path
+    is on their command line, or their output goes to its logs (a worker renames itself ``ray::Actor``)."""
     found = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -57,17 +59,36 @@ def ray_processes(session_dir: str | None = None) -> list[int]:
             continue
         if state == "Z" or not any(p in cmd for p in RAY_PROGRAMS):
             continue
-        if session_dir is not None and session_dir.encode() in cmd:
+        if session_dir.encode() in cmd or any(_writes_under(entry / "fd" / fd, session_dir) for fd in ("1", "2")):
             found.append(int(entry.name))
     return found
 
 
+def remove_session(session_dir: str) -> None:
+    """Ray's session directory of a cluster that is gone (its logs and sockets) and the ``session_latest`` link to
+    it."""
+    path = Path(session_dir)
+    latest = path.parent / "session_latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() and Path(os.readlink(latest)) == path:
+            latest.unlink()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _writes_under(fd: Path, directory: str) -> bool:
+    try:
+        return os.readlink(fd).startswith(directory + "/")
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def local_cluster(nodes: int, *, cpus_per_node: int = 1, settle_s: float = 30.0,
-                  resources: list[dict[str, float]] | None = None) -> Iterator[Any]:
+                  resources: list[dict[str, float]] | None = None, keep_logs: bool = False) -> Iterator[Any]:
     """A head and ``nodes - 1`` more raylets (``resources[i]``: node i's custom resources); yields the
-    ``ray.cluster_utils.Cluster`` (its ``address`` is what ``ray.init`` takes). On exit every node is removed and
-    every Ray process of the cluster checked gone within ``settle_s``."""
+    ``ray.cluster_utils.Cluster`` (its ``address`` is what ``ray.init`` takes). On exit every node is removed,
+    every Ray process of the cluster checked gone within ``settle_s``, and Ray's session directory (logs, sockets)
+    removed unless ``keep_logs``."""
     from ray.cluster_utils import Cluster
 
     if nodes < 1:
@@ -90,3 +111,5 @@ def local_cluster(nodes: int, *, cpus_per_node: int = 1, settle_s: float = 30.0,
             time.sleep(0.2)
         if left:
             raise LocalClusterError(f"Ray processes of {session_dir} left after shutdown: {left}")
+        if not keep_logs:
+            remove_session(session_dir)
