@@ -14,7 +14,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import ray
+
+ray = pytest.importorskip("ray", reason="the cluster tests need Ray: the `trainers` extra (ray[default]==2.60.0)")
 
 from bunshin.engine.cluster.driver import ClusterEngine
 from bunshin.engine.cluster.local import local_cluster, ray_processes
