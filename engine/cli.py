@@ -7,8 +7,10 @@ Owns: parsing arguments and dispatching; every command's work lives in its own m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from bunshin.envs.runtime.fork.backends import BACKENDS
@@ -245,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run predicted tool calls in forks while the policy reasons, adopt a branch whose call "
                          "matches (with --prefix-cache --cache-dir DIR the selector is saved in DIR)")
     _spec_arguments(ev)
+    ev.add_argument("--ray", metavar="ADDRESS",
+                    help="run the same job on a Ray cluster: one node agent per node (--concurrency and "
+                         "--memory-budget are per node); ADDRESS as ray.init(address=...) takes it (auto, "
+                         "ray://host:10001, host:6379), or local:N for N simulated nodes on this machine")
     ev.add_argument("--spec-readonly", action="store_true",
                     help="with --speculate: speculate only calls the suite declares read-only (for comparison)")
     ev.set_defaults(subparser=ev)
@@ -311,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     _suite_arguments(sel)
     bench_selector.add_arguments(sel)
 
+    from .bench import scale as bench_scale
+
+    sc = bench_sub.add_parser("scale", help="rollouts per second and memory per node on 1, 2, 3... Ray nodes "
+                                            "(simulated on this machine: ratios only), and the cost of a Ray hop")
+    _suite_arguments(sc)
+    bench_scale.add_arguments(sc)
+
     ep = bench_sub.add_parser("epoch", help="wall time, tool-seconds and memory of epochs of GRPO groups, per mode")
     _suite_arguments(ep)
     ep.add_argument("--epochs", type=int, default=3)
@@ -351,6 +364,30 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "directory")
     ep.set_defaults(subparser=ep)
     return parser
+
+
+@contextlib.contextmanager
+def ray_cluster(address: str | None) -> Iterator[str | None]:
+    """``--ray``: the address to give ``ray.init`` (None without ``--ray``); ``local:N`` starts N simulated nodes on
+    this machine for the command's duration (``engine/cluster/local.py``)."""
+    if address is None:
+        yield None
+        return
+    from bunshin.engine.cluster.local import LocalClusterError, local_cluster, parse_local
+
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"--ray needs Ray installed (pip install 'ray[default]'): {exc}") from exc
+    try:
+        nodes = parse_local(address)
+    except LocalClusterError as exc:
+        raise SystemExit(f"bunshin: {exc}") from exc
+    if nodes is None:
+        yield address
+        return
+    with local_cluster(nodes) as cluster:
+        yield cluster.address
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,6 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import selector as bench_selector
 
         return bench_selector.command(args, make_suite)
+    if args.command == "bench" and args.bench == "scale":
+        from .bench import scale as bench_scale
+
+        with_time_scale(args, args.time_scale)
+        return bench_scale.command(args, make_suite)
     if args.command == "bench" and args.bench == "epoch":
         from .bench import epoch as bench_epoch
 
@@ -425,11 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         from bunshin.policies.base import PolicyError
 
         try:
-            summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks,
-                                              limit=args.limit, group_size=args.group_size,
-                                              concurrency=args.concurrency, memory_budget=args.memory_budget,
-                                              backend=args.backend, seed=args.seed, max_steps=args.max_steps,
-                                              prefix=prefix, speculation=speculation))
+            with ray_cluster(args.ray) as address:
+                summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks,
+                                                  limit=args.limit, group_size=args.group_size,
+                                                  concurrency=args.concurrency, memory_budget=args.memory_budget,
+                                                  backend=args.backend, seed=args.seed, max_steps=args.max_steps,
+                                                  prefix=prefix, speculation=speculation, ray_address=address))
         except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
             raise SystemExit(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")

@@ -55,3 +55,7 @@ class UnknownTask(EngineError, KeyError):
 
 class EngineNotStarted(EngineError, RuntimeError):
     """The engine was used outside ``async with RolloutEngine(...)``."""
+
+
+class BadRequest(EngineError, ValueError):
+    """A ``RolloutRequest`` the engine cannot run as given (its ``samples`` outside the group or repeated)."""

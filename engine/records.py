@@ -18,6 +18,8 @@ import msgspec
 
 from bunshin.envs.records import Observation, ToolCall, canonical
 
+from .errors import BadRequest
+
 __all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
            "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
 
@@ -39,6 +41,7 @@ class Status(enum.StrEnum):
     TRUNCATED = "truncated"  # the model's reply was cut at max_tokens (finish_reason "length"); scored as it stands
     CONTEXT_LENGTH = "context_length"  # the conversation outgrew the model's context (the server refused the
     # prompt); scored as it stands
+    NODE_LOST = "node_lost"  # on a cluster: its node died and no node was left to run it again
 
 
 class StepObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +93,18 @@ class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True):
     group_size: int = 1
     seed: int = 0
     group_id: str = ""
+    samples: list[int] | None = None  # which samples of the group to run (a retry's); None: all of range(group_size)
+
+    def sample_indices(self) -> list[int]:
+        """The samples this request runs, in order; ``BadRequest`` (a ``ValueError``) when one is outside the group or
+        repeated."""
+        if self.samples is None:
+            return list(range(self.group_size))
+        bad = [s for s in self.samples if not 0 <= s < self.group_size]
+        if bad or len(set(self.samples)) != len(self.samples):
+            raise BadRequest(f"request {self.group_id or self.task.task_id}: samples {self.samples} must be distinct "
+                             f"indices in range({self.group_size})")
+        return list(self.samples)
 
 
 class Trajectory(msgspec.Struct, kw_only=True):
@@ -116,6 +131,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     final_prompt_token_ids: list[int] | None = None  # the final turn's prompt, finish reason and policy version;
     final_finish_reason: str | None = None
     final_policy_version: int | None = None  # set whenever the last decision is recorded as a turn (OK, TRUNCATED)
+    attempts: int = 1  # how many times this sample was started: > 1 when a node died under it and it ran again
 
 
 class RolloutResult(msgspec.Struct, kw_only=True):
@@ -123,6 +139,11 @@ class RolloutResult(msgspec.Struct, kw_only=True):
     peak_memory_bytes: int = 0  # the run's memory when this rollout finished (for progress displays)
     policy_version: int = 0  # the engine's policy version when its group started (pull) or its stream began
     staleness: int | None = None  # pull mode: the trainer's version when it was handed out, minus policy_version
+    node: str = ""  # on a cluster (``engine/cluster``): the Ray node id whose agent ran it; "" on one host
+
+    @property
+    def retried(self) -> bool:
+        return self.trajectory.attempts > 1
 
 
 _encoder = msgspec.json.Encoder()

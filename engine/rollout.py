@@ -161,7 +161,7 @@ class RolloutEngine:
     async def run(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
         """Every rollout of ``requests``; in request order, samples in order."""
         requests = list(requests)
-        order = {(r.group_id or r.task.task_id, s): (n, s) for n, r in enumerate(requests) for s in range(r.group_size)}
+        order = {(r.group_id or r.task.task_id, s): (n, s) for n, r in enumerate(requests) for s in r.sample_indices()}
         async with contextlib.aclosing(self.stream(requests)) as results:
             collected = [r async for r in results]
         return sorted(collected, key=lambda r: order.get((r.trajectory.group_id, r.trajectory.sample), (0, 0)))
@@ -172,7 +172,7 @@ class RolloutEngine:
         engine closes."""
         self._gate()
         requests = list(requests)
-        total = sum(r.group_size for r in requests)
+        total = sum(len(r.sample_indices()) for r in requests)  # BadRequest before anything starts
         queue: asyncio.Queue[RolloutResult] = asyncio.Queue(maxsize=max(1, self.concurrency))
         producer = asyncio.ensure_future(self._produce(requests, queue))
         self._streams.add(producer)
@@ -250,7 +250,7 @@ class RolloutEngine:
     async def _produce(self, requests: list[RolloutRequest], queue: asyncio.Queue[RolloutResult]) -> None:
         # Groups open at once (each holds a base workspace) are as many as the rollout slots can serve, plus one
         # being set up, so bases do not pile up in memory waiting for slots.
-        largest = max((r.group_size for r in requests), default=1)
+        largest = max((len(r.sample_indices()) for r in requests), default=1)
         open_groups = asyncio.Semaphore(max(2, -(-self.concurrency // largest) + 1))
 
         started = self.policy_version
@@ -277,7 +277,7 @@ class RolloutEngine:
                                    sample=i, seed=derive_seed(request.seed, request.task.task_id, i),
                                    run_seed=request.seed, instruction=task.instruction if task else "",
                                    backend=self.backend)
-                        for i in range(request.group_size)]
+                        for i in request.sample_indices()]
         # A group holds an open-group place while it holds a base (bases wait for their turn, not in memory): until
         # every sample has forked it (then the base is closed), or, with the prefix cache, until its root is there.
         await open_groups.acquire()

@@ -138,9 +138,12 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                    limit: int | None = None, group_size: int = 4, concurrency: int = 8,
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
                    max_steps: int = 40, prefix: PrefixSettings | None = None,
-                   speculation: SpecSettings | None = None) -> dict[str, Any]:
+                   speculation: SpecSettings | None = None, ray_address: str | None = None) -> dict[str, Any]:
     """``speculation``: speculative tool execution's settings (None: off); refused with ``SystemExit`` by an
-    engine that cannot speculate."""
+    engine that cannot speculate. ``ray_address``: run the same job on a Ray cluster (``engine/cluster``: one
+    agent per node, ``concurrency`` and ``memory_budget`` per node), as ``ray.init(address=...)`` takes it."""
+    if ray_address is not None and (prefix is not None or speculation is not None):
+        raise SystemExit("bunshin eval: --ray: the prefix cache and speculation run on one host only for now")
     kwargs: dict[str, Any] = {"prefix": prefix}
     if speculation is not None:
         if "speculation" not in inspect.signature(RolloutEngine).parameters:
@@ -150,8 +153,15 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
-    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, memory_budget=memory_budget,
-                             max_steps=max_steps, **kwargs) as engine:
+    if ray_address is not None:
+        from ..cluster.driver import ClusterEngine
+
+        engine_cm: Any = ClusterEngine(suite, policy, address=ray_address, backend=backend, concurrency=concurrency,
+                                       memory_budget=memory_budget, max_steps=max_steps)
+    else:
+        engine_cm = RolloutEngine(suite, policy, backend=backend, concurrency=concurrency,
+                                  memory_budget=memory_budget, max_steps=max_steps, **kwargs)
+    async with engine_cm as engine:
         ids = None
         if tasks_file is not None:
             ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
@@ -178,6 +188,10 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     summary["steps_by_source"] = steps_by_source(trajectories)
     summary["speculation"] = dict(spec) if spec is not None else None
     summary["refused"] = msgspec.to_builtins(refused)
+    if ray_address is not None:
+        summary["cluster"] = {"nodes": len(engine.infos), "lost_nodes": len(engine.dead),
+                              "retried": sum(t.attempts > 1 for t in trajectories),
+                              "peak_bytes_per_node": dict(engine.node_peaks)}
     write_json(out / "summary.json", summary)
     print(markdown_table([{**summary, "peak": human_bytes(summary["peak_memory_bytes"]),
                            "success": f"{summary['success_rate']:.0%}"}],
