@@ -59,3 +59,15 @@ class EngineNotStarted(EngineError, RuntimeError):
 
 class BadRequest(EngineError, ValueError):
     """A ``RolloutRequest`` the engine cannot run as given (its ``samples`` outside the group or repeated)."""
+
+
+def first_exception(group: BaseExceptionGroup, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``group``, nested groups (TaskGroups in TaskGroups) included."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = first_exception(exc, kind)
+            if found is not None:
+                return found
+        elif isinstance(exc, kind):
+            return exc
+    return None

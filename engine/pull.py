@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from .errors import EngineError
+from bunshin.policies.base import ServerConfigError
+
+from .errors import EngineError, first_exception
 from .records import RolloutRequest, RolloutResult, Trajectory
 
 
@@ -211,6 +213,8 @@ class Puller:
         task = self._task
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             exc = task.exception()
+            if isinstance(exc, BaseExceptionGroup):  # a model server not set up for the policy: the pull's end
+                exc = first_exception(exc, ServerConfigError) or exc
             while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
                 exc = exc.exceptions[0]  # the producer's TaskGroup wraps even its own errors
             raise exc  # type: ignore[misc]

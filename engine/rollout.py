@@ -34,7 +34,7 @@ from bunshin.envs.workspace import Workspace
 from bunshin.policies.base import Policy, ServerConfigError
 
 from .admission import Admission, AdmissionGate
-from .errors import EngineError, EngineNotStarted, SetupTimeout, UnknownTask
+from .errors import EngineError, EngineNotStarted, SetupTimeout, UnknownTask, first_exception
 from .meter import MemoryMeter
 from .outcomes import Phase, classify, describe
 from .prefix.cache import PrefixCache
@@ -264,7 +264,7 @@ class RolloutEngine:
                 for request in requests:
                     groups.create_task(self._group(request, open_groups, finish))
         except BaseExceptionGroup as group:  # a model server not set up for the policy ends the run, once
-            config = _first(group, ServerConfigError)
+            config = first_exception(group, ServerConfigError)
             if config is None:
                 raise
             raise config from None
@@ -454,14 +454,3 @@ class RolloutEngine:
         """The one seam every tool call goes through (the prefix tree and speculation plug in here)."""
         return await ws.execute(call, timeout_s=timeout_s)
 
-
-def _first(group: BaseExceptionGroup, kind: type[BaseException]) -> BaseException | None:
-    """The first exception of type ``kind`` in ``group``, nested groups (TaskGroups in TaskGroups) included."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first(exc, kind)
-            if found is not None:
-                return found
-        elif isinstance(exc, kind):
-            return exc
-    return None

@@ -21,7 +21,7 @@ from bunshin.engine.records import RolloutRequest, Status, TaskSpec, Trajectory
 from bunshin.engine.rollout import RolloutEngine
 from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite
-from bunshin.policies.base import Decision, Policy, PolicyContext
+from bunshin.policies.base import Decision, Policy, PolicyContext, ServerConfigError
 from bunshin.policies.scripted import ScriptedPolicy
 
 from .conftest import assert_no_leaks
@@ -155,6 +155,29 @@ async def test_a_failing_group_runner_is_raised_by_get_batch_not_hung_on() -> No
             async with asyncio.timeout(10):
                 while await puller.get_batch(2):
                     pass
+    finally:
+        await puller.close()
+
+
+@pytest.mark.asyncio
+async def test_a_model_server_not_set_up_ends_the_pull_with_that_one_error() -> None:
+    async def run_group(req: RolloutRequest, finish: Callable[[Trajectory], Awaitable[None]]) -> None:
+        async def one(sample: int) -> None:
+            if sample == 1:
+                raise ServerConfigError("http://x/v1: add --enable-auto-tool-choice")
+            await asyncio.sleep(10)
+
+        async with asyncio.TaskGroup() as tg:
+            for s in range(req.group_size):
+                tg.create_task(one(s))
+
+    puller = Puller([request(n, 2) for n in range(3)], batch_size=6, max_staleness=0, whole_groups=True,
+                    version=lambda: 0, run_group=run_group, peak_bytes=lambda: 0)
+    puller.start()
+    try:
+        with pytest.raises(ServerConfigError, match="enable-auto-tool-choice"):
+            async with asyncio.timeout(10):
+                await puller.get_batch(2)
     finally:
         await puller.close()
 
