@@ -21,7 +21,7 @@ from bunshin.envs.records import Observation, ToolCall, canonical
 from .errors import BadRequest
 
 __all__ = ["RolloutRequest", "RolloutResult", "Status", "Step", "StepObservation", "TaskSpec", "ToolCall",
-           "Trajectory", "canonical", "read_jsonl", "write_jsonl"]
+           "Trajectory", "canonical", "group_requests", "in_request_order", "read_jsonl", "write_jsonl"]
 
 class Status(enum.StrEnum):
     """How a rollout ended. Everything but ``OK`` ends only that rollout; the batch goes on. Recorded as its value
@@ -144,6 +144,20 @@ class RolloutResult(msgspec.Struct, kw_only=True):
     @property
     def retried(self) -> bool:
         return self.trajectory.attempts > 1
+
+
+def group_requests(suite: str, task_ids: Iterable[str], *, limit: int | None, group_size: int, seed: int
+                   ) -> list[RolloutRequest]:
+    """One request (a GRPO group of ``group_size``) per task of ``task_ids``, the first ``limit`` of them; the
+    group id is ``"{seed}:{task}"`` on one host and on a cluster alike."""
+    return [RolloutRequest(task=TaskSpec(suite=suite, task_id=i), group_size=group_size, seed=seed,
+                           group_id=f"{seed}:{i}") for i in list(task_ids)[:limit]]
+
+
+def in_request_order(requests: list[RolloutRequest], results: list[RolloutResult]) -> list[RolloutResult]:
+    """``results`` sorted as ``requests`` list their groups, samples in order within a group."""
+    order = {(r.group_id or r.task.task_id, s): (n, s) for n, r in enumerate(requests) for s in r.sample_indices()}
+    return sorted(results, key=lambda r: order.get((r.trajectory.group_id, r.trajectory.sample), (0, 0)))
 
 
 _encoder = msgspec.json.Encoder()

@@ -41,7 +41,7 @@ from .prefix.cache import PrefixCache
 from .prefix.settings import PrefixSettings
 from .prefix.walk import Walk
 from .pull import Puller, PullError
-from .records import RolloutRequest, RolloutResult, TaskSpec, Trajectory
+from .records import RolloutRequest, RolloutResult, Trajectory, group_requests, in_request_order
 from .sample import SampleRun, SampleSettings
 from .speculation.branch import SampleSpeculation
 from .speculation.settings import SpecSettings
@@ -153,18 +153,16 @@ class RolloutEngine:
     def requests(self, task_ids: Iterable[str] | None = None, *, limit: int | None = None, group_size: int = 1,
                  seed: int = 0) -> list[RolloutRequest]:
         """One request (a GRPO group) per task: ``task_ids`` in order, or the suite's first ``limit`` tasks."""
-        ids = list(task_ids) if task_ids is not None else list(self.tasks)
-        return [RolloutRequest(task=TaskSpec(suite=self.suite.name, task_id=i), group_size=group_size, seed=seed,
-                               group_id=f"{seed}:{i}") for i in ids[:limit]]
+        return group_requests(self.suite.name, task_ids if task_ids is not None else self.tasks, limit=limit,
+                              group_size=group_size, seed=seed)
 
     # -- the API ----------------------------------------------------------------------------------------------
     async def run(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
         """Every rollout of ``requests``; in request order, samples in order."""
         requests = list(requests)
-        order = {(r.group_id or r.task.task_id, s): (n, s) for n, r in enumerate(requests) for s in r.sample_indices()}
         async with contextlib.aclosing(self.stream(requests)) as results:
             collected = [r async for r in results]
-        return sorted(collected, key=lambda r: order.get((r.trajectory.group_id, r.trajectory.sample), (0, 0)))
+        return in_request_order(requests, collected)
 
     async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
         """Results in completion order. Closing the iterator (``contextlib.aclosing``, or cancelling its consumer)

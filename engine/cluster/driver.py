@@ -29,7 +29,7 @@ from bunshin.policies.base import Policy
 
 from ..errors import EngineError, EngineNotStarted
 from ..meter import MemoryMeter
-from ..records import RolloutRequest, RolloutResult, Status, TaskSpec, Trajectory
+from ..records import RolloutRequest, RolloutResult, Status, Trajectory, group_requests, in_request_order
 from ..rollout import RolloutEngine
 from .agent import AgentInfo, NodeAgent, NodeStatus
 from .placement import ROOT_ESTIMATE, Ledger, NodeView, Work, app_key, place, works
@@ -233,17 +233,15 @@ class ClusterEngine:
     def requests(self, task_ids: Iterable[str] | None = None, *, limit: int | None = None, group_size: int = 1,
                  seed: int = 0) -> list[RolloutRequest]:
         """As ``RolloutEngine.requests``: one request (a GRPO group) per task."""
-        ids = list(task_ids) if task_ids is not None else list(self.tasks)
-        return [RolloutRequest(task=TaskSpec(suite=self.suite.name, task_id=i), group_size=group_size, seed=seed,
-                               group_id=f"{seed}:{i}") for i in ids[:limit]]
+        return group_requests(self.suite.name, task_ids if task_ids is not None else self.tasks, limit=limit,
+                              group_size=group_size, seed=seed)
 
     async def run(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
         """Every rollout of ``requests``; in request order, samples in order."""
         requests = list(requests)
-        order = {(r.group_id or r.task.task_id, s): (n, s) for n, r in enumerate(requests) for s in r.sample_indices()}
         async with contextlib.aclosing(self.stream(requests)) as results:
             collected = [r async for r in results]
-        return sorted(collected, key=lambda r: order.get((r.trajectory.group_id, r.trajectory.sample), (0, 0)))
+        return in_request_order(requests, collected)
 
     async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
         """Results in completion order, each rollout exactly once; closing the iterator stops the rest."""
