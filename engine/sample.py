@@ -90,9 +90,9 @@ class SampleRun:
                             told = True
                         t.timings["fork_s"] = round(time.monotonic() - fork_started, 4)
                         t.lineage = [self.base.id, self.ws.id]
-                        before = self.ws.cgroup.memory_charge()
+                        before = self.ws.charge()
                         await self._episode(self.ws)
-                        ticket.grew = self.ws.cgroup.memory_charge() - before  # (after adoptions: the last branch's)
+                        ticket.grew = self.ws.charge() - before  # (after adoptions: the last branch's)
                 except TimeoutError as exc:
                     if not scope.expired():
                         raise

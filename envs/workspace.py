@@ -250,7 +250,13 @@ class Workspace:
 
     # -- state ------------------------------------------------------------------------------------------------
     def memory(self) -> MemoryStats:
+        """PSS, private and shared memory summed over the workspace's processes, and its cgroup's charge (blocking:
+        it reads every process's smaps_rollup; call it in a thread)."""
         return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
+
+    def charge(self) -> int:
+        """The bytes the workspace is charged for now (its cgroup's memory charge): cheap, one file read."""
+        return self.cgroup.memory_charge()
 
     @property
     def closed(self) -> bool:

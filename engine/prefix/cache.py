@@ -15,22 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from bunshin.envs.code_version import code_version
 from bunshin.envs.records import Observation, ToolCall, canonical
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
 
 from ..errors import EngineError
+from ..history import Turn
 from .eviction import LRU, CostAware
 from .settings import PrefixSettings
 from .tree import Admission, Namespace, Node, PrefixTree, State
@@ -57,18 +56,6 @@ class NonDeterministicTool(EngineError):
                          f"was cached: the tool is not deterministic; its prefix-tree node no longer serves")
 
 
-@dataclass(frozen=True)
-class Turn:
-    """One call of the tree's history (``PrefixCache.history``): ``calls`` led to ``observation``, then ``call``
-    was issued; ``uses``: its node's hits plus the execution that made it."""
-
-    task: SuiteTask
-    calls: tuple[ToolCall, ...]
-    observation: Observation
-    call: ToolCall
-    uses: int
-
-
 def served(node: Node) -> Served:
     """A node's ``Served`` (a tree loaded from disk gives it back in its MessagePack form)."""
     value = node.observation
@@ -78,19 +65,6 @@ def served(node: Node) -> Served:
 def same_observation(a: Observation, b: Observation) -> bool:
     """Equal as a trajectory records them: everything but the time the tool took."""
     return msgspec.structs.replace(a, tool_seconds=0.0) == msgspec.structs.replace(b, tool_seconds=0.0)
-
-
-@functools.cache
-def code_version() -> str:
-    """A digest of the environment's code (every source and task file of ``bunshin.envs``): a new version of a
-    tool may answer differently, so it starts new namespaces."""
-    import bunshin.envs
-
-    root = Path(bunshin.envs.__file__).parent
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in {".py", ".json"} and p.is_file()):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 class PrefixCache:

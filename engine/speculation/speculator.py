@@ -6,7 +6,7 @@ then ``train_file``), hands each sample its
 ``SampleSpeculation`` (``branch.py``), keeps the branches' workspaces in view to measure their memory every
 ``MEASURE_EVERY_S`` (``memory.py`` decides from it whether a slot may take one more branch), and reports
 ``statistics()`` (``settings.STATISTICS``). The selector's namespace is a digest of the suite, its knobs and the
-environment's code (``prefix.cache.code_version``): a model learned on other tools is not used.
+environment's code (``bunshin.envs.code_version``): a model learned on other tools is not used.
 Must never: block the event loop (the selector trains and predicts off it), or outlive ``close``.
 """
 
@@ -21,10 +21,11 @@ from typing import Any
 
 import msgspec
 
+from bunshin.envs.code_version import code_version
 from bunshin.envs.suites.base import Suite, SuiteTask, observation_text
 from bunshin.envs.workspace import Workspace
 
-from ..prefix.cache import Turn, code_version
+from ..history import Turn
 from .branch import Execute, SampleSpeculation
 from .features import Situation, label_of
 from .memory import BranchMemory
@@ -115,7 +116,7 @@ class Speculator:
             charges = {}
             for ws_id, ws in list(self.branches.items()):
                 with contextlib.suppress(Exception):  # a branch closing meanwhile
-                    charges[ws_id] = ws.cgroup.memory_charge()
+                    charges[ws_id] = ws.charge()
             self.memory.measure(charges)
 
     # -- figures ------------------------------------------------------------------------------------------------
