@@ -2,7 +2,8 @@
 
 A rollout's failure never escapes as an exception: it ends that rollout with a ``Status`` (``outcomes.classify``).
 These types are what the engine raises internally and what ``classify`` reads; a caller sees ``EngineError`` only
-for misuse of the API (an engine used before ``async with``, bad arguments).
+for misuse of the API (an engine used before ``async with``, bad arguments); a command's refusal of its
+arguments is a ``CommandError``, which only the command line's entry point turns into an exit status.
 Must never: stand for another package's failure (a workspace's is ``bunshin.envs.WorkspaceError``, a policy's
 ``bunshin.policies.PolicyError``).
 """
@@ -58,7 +59,24 @@ class EngineNotStarted(EngineError, RuntimeError):
 
 
 class BadRequest(EngineError, ValueError):
-    """A ``RolloutRequest`` the engine cannot run as given (its ``samples`` outside the group or repeated)."""
+    """What was asked cannot be run as given: a ``RolloutRequest`` whose ``samples`` are outside the group or
+    repeated, or a benchmark's configuration (an unknown mode, template or policy, a policy without a knob that was
+    set, too few epochs, steps or samples)."""
+
+
+class CommandError(EngineError, ValueError):
+    """A command cannot do what it was asked (a flag without the one it needs, an unknown task id, a policy that
+    cannot be built, a tool the command drives that failed); the message names the culprit. Only
+    ``engine/cli.py: main`` turns it into an exit: the message on stderr, status 1."""
+
+
+class ArgumentRefused(CommandError):
+    """A flag refused the way argparse refuses one: ``main`` prints ``command``'s usage and
+    ``<command>: error: <reason>`` and exits with status 2 (``str()``: ``<command>: <reason>``)."""
+
+    def __init__(self, command: str, reason: str):
+        super().__init__(f"{command}: {reason}")
+        self.command, self.reason = command, reason
 
 
 def first_exception(group: BaseExceptionGroup, kind: type[BaseException]) -> BaseException | None:

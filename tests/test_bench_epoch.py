@@ -2,8 +2,8 @@
 ids, lineage or where a step's result came from (a speculated step included); the meter's per-window peak and
 GiB*s; the per-epoch windows of the prefix and speculation statistics; each mode's settings (speculating modes,
 read-only, per-mode cache directories, the refusals); the tables and both plots from synthetic records; and tiny
-real runs (a 500-product shop, 2 tasks, groups of 2, no modelled time): base over 2 epochs, and, once the engine
-speculates, base, spec, spec-readonly and full over 1 epoch, that write every field and both plots.
+real runs (a 500-product shop, 2 tasks, groups of 2, no modelled time): base over 2 epochs, and base,
+spec, spec-readonly and full over 1 epoch, that write every field and both plots.
 The figures themselves come from the real benchmark (BENCHMARKS.md), not from here."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import msgspec
 import pytest
 
 from bunshin.engine.bench import epoch
+from bunshin.engine.bench.policy import bench_policy
 from bunshin.engine.bench.epoch_report import running_curve
 from bunshin.engine.meter import GiB, MemoryMeter
+from bunshin.engine.errors import BadRequest
 from bunshin.engine.records import Status, Step, StepObservation, ToolCall, Trajectory
 from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.grounded import GroundedPolicy
@@ -28,7 +30,6 @@ FIELDS = ("mode", "epoch", "wall_s", "tool_s_executed", "tool_s_skipped", "hit_r
           "rewards_sha256", "rollouts", "success_rate", "steps", "cached_steps", "running", "prefix", "seed",
           "spec_top1", "spec_topk", "spec_adopted_s", "spec_wasted_s", "spec_hidden_s", "spec_branch_bytes_peak",
           "speculated_steps", "speculation", "memory")
-SPECULATES = epoch.engine_takes("speculation")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -204,12 +205,10 @@ def test_the_memory_window_is_the_epochs_samples_from_its_start() -> None:
     assert epoch.memory_window([], 0.0, 1.0) == []
 
 
-def test_each_mode_gets_its_settings_and_unknown_modes_are_refused(monkeypatch: pytest.MonkeyPatch,
-                                                                    tmp_path: Path) -> None:
+def test_each_mode_gets_its_settings_and_unknown_modes_are_refused(tmp_path: Path) -> None:
     from bunshin.engine.prefix.settings import PrefixSettings
     from bunshin.engine.speculation.settings import SpecSettings
 
-    monkeypatch.setattr(epoch, "engine_takes", lambda parameter: True)
     prefix, spec = PrefixSettings(cache_dir=tmp_path), SpecSettings(slots=2, threshold=0.3)
     chosen = epoch.per_mode(list(epoch.MODES), prefix, spec)
     assert chosen["base"] == (None, None)
@@ -220,29 +219,26 @@ def test_each_mode_gets_its_settings_and_unknown_modes_are_refused(monkeypatch: 
     assert chosen["full"] == (PrefixSettings(cache_dir=tmp_path / "full"),
                               SpecSettings(slots=2, threshold=0.3, model_dir=tmp_path / "full"))
     assert epoch.per_mode(["full"], PrefixSettings(), None)["full"] == (PrefixSettings(), SpecSettings())
-    with pytest.raises(epoch.BadRequest, match="unknown mode 'fast'"):
+    with pytest.raises(BadRequest, match="unknown mode 'fast'"):
         epoch.per_mode(["base", "fast"], prefix, spec)
-    monkeypatch.setattr(epoch, "engine_takes", lambda parameter: parameter != "speculation")
-    assert epoch.per_mode(["base", "prefix"], prefix, spec)["prefix"][0] is not None
-    for mode in ("spec", "spec-readonly", "full"):
-        with pytest.raises(epoch.BadRequest, match="no speculation yet"):
-            epoch.mode_settings(mode, prefix, spec)
 
 
 @pytest.mark.asyncio
 async def test_main_refuses_an_unknown_mode_before_running_anything() -> None:
-    with pytest.raises(epoch.BadRequest, match="unknown mode 'turbo'"):
+    with pytest.raises(BadRequest, match="unknown mode 'turbo'"):
         await epoch.main(None, None, ["base", "turbo"], 1, tasks=1, group_size=1, log=io.StringIO())
 
 
 def test_the_policy_takes_the_detour_rate_at_the_time_scale() -> None:
-    own = epoch.bench_policy("grounded", 0.2)
+    own = bench_policy("grounded", 0.2)
     assert own.detour_p == 0.15 and own.time_scale == 0.2
-    policy = epoch.bench_policy("grounded", 0.2, 0.3)
+    policy = bench_policy("grounded", 0.2, 0.3)
     assert isinstance(policy, GroundedPolicy) and policy.detour_p == 0.3 and policy.time_scale == 0.2
-    assert epoch.bench_policy("scripted", 0.2, 0.0).detour_p == 0.0
-    with pytest.raises(epoch.BadRequest, match="--detour-p"):
-        epoch.bench_policy("grounded", 0.2, 1.0)
+    assert bench_policy("scripted", 0.2, 0.0).detour_p == 0.0
+    with pytest.raises(BadRequest, match="--detour-p"):
+        bench_policy("grounded", 0.2, 1.0)
+    with pytest.raises(BadRequest, match="unknown policy 'openai'"):
+        bench_policy("openai", 0.2)
 
 
 def test_tables_and_both_plots_from_records(tmp_path: Path) -> None:
@@ -276,7 +272,6 @@ def test_tables_and_both_plots_from_records(tmp_path: Path) -> None:
     assert (tmp_path / "memory.png").read_bytes()[:8] == PNG
 
 
-@pytest.mark.skipif(not SPECULATES, reason="the engine takes no speculation= yet")
 @pytest.mark.asyncio
 async def test_a_tiny_run_of_the_speculating_modes(state_dir: Path, tmp_path: Path) -> None:
     """base, spec, spec-readonly and full, one epoch each: the same actions and rewards in every mode (the ratios'

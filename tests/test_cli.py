@@ -124,7 +124,7 @@ EVAL = ("eval", "--suite", "webshop", "--out", "/tmp/never")
 
 
 def test_speculation_flags_build_spec_settings(tmp_path: Path) -> None:
-    from bunshin.engine.cli import spec_settings
+    from bunshin.engine.commands.flags import spec_settings
     from bunshin.engine.speculation.settings import SpecSettings
 
     assert spec_settings(parse(*EVAL)) is None
@@ -149,13 +149,17 @@ def test_speculation_flags_build_spec_settings(tmp_path: Path) -> None:
     assert parse("bench", "epoch", "--suite", "webshop").detour_p is None
 
 
-def test_bad_speculation_flags_are_argparse_errors(tmp_path: Path, capsys) -> None:
+def test_bad_speculation_flags_are_refused_as_argparse_errors(tmp_path: Path, capsys) -> None:
+    """``spec_settings`` refuses a flag with an ``ArgumentRefused`` naming it; ``main`` alone turns that into
+    argparse's error (the command's usage, ``<command>: error: <reason>``, status 2)."""
     import pytest
 
-    from bunshin.engine.cli import spec_settings
+    from bunshin.engine import cli
+    from bunshin.engine.commands.flags import spec_settings
+    from bunshin.engine.errors import ArgumentRefused
 
     for argv, command, message in [
-        ((*EVAL, "--spec-slots", "2"), "bunshin eval", "--spec-slots need"),
+        ((*EVAL, "--spec-slots", "2"), "bunshin eval", "--spec-slots needs --speculate"),
         ((*EVAL, "--spec-threshold", "0.2", "--spec-readonly"), "bunshin eval",
          "--spec-threshold, --spec-readonly need --speculate"),
         ((*EVAL, "--speculate", "--spec-threshold", "1.5"), "bunshin eval", "must be a probability in [0, 1]"),
@@ -165,10 +169,19 @@ def test_bad_speculation_flags_are_argparse_errors(tmp_path: Path, capsys) -> No
         (("bench", "epoch", "--suite", "webshop", "--modes", "base,prefix", "--spec-slots", "2"),
          "bunshin bench epoch", "need a speculating mode"),
     ]:
-        with pytest.raises(SystemExit) as exc:
+        with pytest.raises(ArgumentRefused) as refused:
             spec_settings(parse(*argv), command)
+        assert refused.value.command == command and message in refused.value.reason, (argv, refused.value)
+        assert str(refused.value) == f"{command}: {refused.value.reason}"
+    for argv, message in [((*EVAL, "--spec-slots", "2"), "bunshin eval: error: --spec-slots needs --speculate"),
+                          ((*EVAL, "--hot-budget", "1G"), "bunshin eval: --hot-budget need --prefix-cache")]:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(list(argv))
         err = capsys.readouterr().err
-        assert exc.value.code == 2 and f"{command}: error:" in err and message in err, (argv, err)
+        if "error:" in message:  # an argparse error: usage, the message, status 2
+            assert exc.value.code == 2 and "usage: bunshin eval" in err and message in err, (argv, err)
+        else:  # any other refusal: its message, status 1 (as SystemExit(message) exits)
+            assert exc.value.code == message, argv
 
 
 def test_eval_summary_counts_steps_by_source_and_shows_speculation() -> None:
@@ -197,18 +210,12 @@ def test_eval_summary_counts_steps_by_source_and_shows_speculation() -> None:
 def test_eval_speculates_and_summarises(tmp_path: Path) -> None:
     """``bunshin eval --speculate`` on a tiny batch: the summary has the engine's speculation statistics and the
     steps by source, the table shows them."""
-    import inspect
     import os
 
-    import pytest
-
-    from bunshin.engine.rollout import RolloutEngine
     from bunshin.engine.speculation.settings import STATISTICS
 
     from .conftest import host_processes
 
-    if "speculation" not in inspect.signature(RolloutEngine).parameters:
-        pytest.skip("the engine takes no speculation= yet")
     env = {**os.environ, "BUNSHIN_STATE_DIR": "/var/lib/bunshin-test"}
     out = tmp_path / "run"
     proc = bunshin("eval", "--suite", "webshop", "--catalog-size", "2000", "--limit", "2", "--group-size", "2",

@@ -39,12 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
-import inspect
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,11 +52,15 @@ import msgspec
 from bunshin.envs.suites.base import Suite
 from bunshin.policies.base import Policy
 
-from ..commands.eval_command import Progress
+from ..commands.flags import budgets, make_suite, spec_settings, with_time_scale
+from ..errors import BadRequest, CommandError
+from ..prefix.settings import PrefixSettings
 from ..records import Status, Trajectory, canonical
+from ..report import Progress, human_bytes, write_json
 from ..rollout import RolloutEngine
+from ..speculation.settings import SpecSettings
 from .epoch_report import plot, plot_memory, tables
-from .report import human_bytes, write_json
+from .policy import bench_policy
 
 MODES = ("base", "spec", "spec-readonly", "prefix", "full")
 PREFIX_MODES = ("prefix", "full")
@@ -66,11 +68,6 @@ SPEC_MODES = ("spec", "spec-readonly", "full")
 # The engine's prefix statistics that are states, not cumulative counts (those are taken as differences per epoch).
 GAUGES = ("nodes", "nodes_hot", "nodes_cold", "nodes_absent", "bytes_hot", "bytes_cold", "pinned", "writer_backlog")
 BROKEN = (Status.ENGINE_ERROR, Status.SETUP_FAILED, Status.WORKSPACE_FAILED)  # the run's fault, not the agent's
-
-
-class BadRequest(ValueError):
-    """What the command asked for cannot be run (an unknown mode, an engine without a prefix cache or without
-    speculation, a policy without the detour knob)."""
 
 
 def behaviour(t: Trajectory, observations: bool = True) -> dict[str, Any]:
@@ -99,24 +96,6 @@ def per_rollout(trajectories: Iterable[Trajectory]) -> dict[str, tuple[str, str]
             for t in trajectories}
 
 
-def suite_takes_time_scale(name: str) -> bool:
-    """Whether suite ``name``'s constructor takes ``time_scale`` (tool latency): a named parameter, or one its
-    ``**kwargs`` accept (tried on a throwaway instance). Suites gain the knob over time; older ones run without."""
-    from bunshin.envs.suites.registry import SUITES, get_suite
-
-    module, _, cls = SUITES[name].partition(":")
-    params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
-    if "time_scale" in params:
-        return True
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return False
-    try:
-        get_suite(name, time_scale=0.0)
-    except TypeError:
-        return False
-    return True
-
-
 def choose_tasks(engine: RolloutEngine, policy: Policy, n: int) -> list[str]:
     """``n`` task ids the policy takes: the first of each template (suite order), then the second, ..."""
     by_template: dict[str, list[str]] = {}
@@ -127,21 +106,6 @@ def choose_tasks(engine: RolloutEngine, policy: Policy, n: int) -> list[str]:
     for rank in range(max((len(v) for v in by_template.values()), default=0)):
         chosen += [ids[rank] for ids in by_template.values() if rank < len(ids)]
     return chosen[:n]
-
-
-async def engine_statistics(engine: RolloutEngine, name: str) -> dict[str, Any] | None:
-    """``engine.<name>()`` as a dict (awaited if it is a coroutine); None if the engine has no such method or the
-    feature is off."""
-    stats = getattr(engine, name, None)
-    if stats is None:
-        return None
-    value = stats()
-    value = await value if inspect.isawaitable(value) else value
-    return dict(value) if value is not None else None
-
-
-async def prefix_statistics(engine: RolloutEngine) -> dict[str, Any] | None:
-    return await engine_statistics(engine, "prefix_statistics")
 
 
 def _window(before: dict[str, Any] | None, after: dict[str, Any], gauges: Iterable[str]) -> dict[str, Any]:
@@ -244,8 +208,8 @@ async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, task
             print(f"{mode}: epoch {epoch}/{epochs}, {len(ids)} groups of {group_size}, run seed {seed + epoch}",
                   file=log, flush=True)
             progress = Progress(len(ids) * group_size, out=log)
-            stats_before = await prefix_statistics(engine)
-            spec_before = await engine_statistics(engine, "speculation_statistics")
+            stats_before = engine.prefix_statistics()
+            spec_before = engine.speculation_statistics()
             engine.meter.sample()
             m0, started = engine.meter.elapsed(), time.monotonic()
             trajectories, running = [], []
@@ -261,9 +225,9 @@ async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, task
             m1 = engine.meter.elapsed()
             peak, gib_s = engine.meter.window(m0, m1)
             r = record(mode, epoch, seed + epoch, trajectories, wall, peak, gib_s, running,
-                       prefix_window(stats_before, await prefix_statistics(engine)),
+                       prefix_window(stats_before, engine.prefix_statistics()),
                        speculation=speculation_window(
-                           spec_before, await engine_statistics(engine, "speculation_statistics")),
+                           spec_before, engine.speculation_statistics()),
                        memory=memory_window(engine.meter.timeline, m0, m1))
             spec = (f", top-1 {_percent(r['spec_top1'])}, adopted {r['spec_adopted_s'] or 0:.1f} s, wasted "
                     f"{r['spec_wasted_s'] or 0:.1f} s" if r["speculation"] is not None else "")
@@ -304,23 +268,12 @@ def ratios(records: list[dict[str, Any]], reference: str = "base") -> list[dict[
             for r in records if r["mode"] != reference and (base := ref.get(r["epoch"]))]
 
 
-def engine_takes(parameter: str) -> bool:
-    return parameter in inspect.signature(RolloutEngine).parameters
-
-
 def mode_settings(mode: str, prefix: Any, speculation: Any) -> tuple[Any, Any]:
     """(prefix settings, speculation settings) of ``mode``: ``prefix`` for the modes with the prefix cache,
-    ``speculation`` for those that speculate (``read_only`` in ``spec-readonly``); refuses an unknown mode and an
-    engine without what the mode needs."""
+    ``speculation`` for those that speculate (``read_only`` in ``spec-readonly``); refuses an unknown mode."""
     if mode not in MODES:
         raise BadRequest(f"unknown mode {mode!r}: use {', '.join(MODES)}")
-    if mode in PREFIX_MODES and not engine_takes("prefix"):
-        raise BadRequest("this engine has no prefix cache yet (RolloutEngine takes no prefix=)")
-    if mode in SPEC_MODES and not engine_takes("speculation"):
-        raise BadRequest(f"mode {mode}: this engine has no speculation yet (RolloutEngine takes no speculation=)")
     if mode in SPEC_MODES and speculation is None:
-        from ..speculation.settings import SpecSettings
-
         speculation = SpecSettings()
     return (prefix if mode in PREFIX_MODES else None,
             None if mode not in SPEC_MODES else replace(speculation, read_only=True) if mode == "spec-readonly"
@@ -341,22 +294,6 @@ def per_mode(modes: list[str], prefix: Any, speculation: Any) -> dict[str, tuple
     return out
 
 
-def bench_policy(name: str, time_scale: float, detour_p: float | None = None) -> Policy:
-    """The policy at ``time_scale``; ``detour_p`` (None: the policy's own) where the policy has that knob."""
-    from bunshin.policies.registry import make_policy
-
-    policy = make_policy(name, time_scale)
-    if detour_p is None:
-        return policy
-    kind = type(policy)
-    if "detour_p" not in inspect.signature(kind).parameters:
-        raise BadRequest(f"policy {name} has no detour_p knob")
-    try:
-        return kind(detour_p=detour_p, time_scale=time_scale)
-    except ValueError as exc:
-        raise BadRequest(f"--detour-p: {exc}") from exc
-
-
 async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, tasks: int, group_size: int,
                seed: int = 0, settings: Any = None, speculation: Any = None,
                engine_kwargs: dict[str, Any] | None = None, json_path: Path | None = None,
@@ -367,9 +304,7 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
     workspace); observations alone that differ are reported, not failed (an observation may show the clock)."""
     if epochs < 1 or tasks < 1 or group_size < 1 or not modes:
         raise BadRequest(f"need epochs, tasks, group size >= 1 and a mode, got {epochs}, {tasks}, {group_size}")
-    if settings is None and any(m in PREFIX_MODES for m in modes) and engine_takes("prefix"):
-        from ..prefix.settings import PrefixSettings
-
+    if settings is None and any(m in PREFIX_MODES for m in modes):
         settings = PrefixSettings()
     chosen = per_mode(modes, settings, speculation)
     records = []
@@ -381,7 +316,7 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
     print(tables(records, rs, reference=modes[0]))
     if json_path:
         written = [{k: v for k, v in r.items() if k != "per_rollout"} for r in records]
-        write_json(json_path, {"suite": suite.name, "knobs": getattr(suite, "knobs", {}), "policy": policy.name,
+        write_json(json_path, {"suite": suite.name, "knobs": suite.knobs, "policy": policy.name,
                                "modes": modes, "epochs": epochs, "tasks": tasks, "group_size": group_size,
                                "seed": seed, "config": config or {}, "ratios": rs, "records": written})
     if plots:
@@ -402,22 +337,18 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
     return 1 if broken or not all(r["same_actions"] for r in rs) else 0
 
 
-def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
-    """``bunshin bench epoch`` from its parsed arguments: the suite (with ``time_scale`` when it takes the knob and
-    ``--set`` does not name it), the policy at ``--time-scale`` (and ``--detour-p``), the prefix settings (in
-    memory only unless ``--cache-dir``: a directory, or ``temp`` for a fresh temporary one), the speculation
-    settings (``--spec-*``), then ``main``."""
+def command(args: Any) -> int:
+    """``bunshin bench epoch`` from its parsed arguments: the suite (its ``time_scale`` knob ``--time-scale`` unless
+    ``--set`` names it), the policy at ``--time-scale`` (and ``--detour-p``), the prefix settings (in memory only
+    unless ``--cache-dir``: a directory, or ``temp`` for a fresh temporary one), the speculation settings
+    (``--spec-*``), then ``main``; what it refuses is a ``CommandError``."""
     from .. import event_loop
-    from ..cli import budgets, spec_settings
-    from ..prefix.settings import PrefixSettings
 
-    suite_scaled = "time_scale" not in dict(args.set) and suite_takes_time_scale(args.suite)
-    if suite_scaled:
-        args.set = [*args.set, ("time_scale", args.time_scale)]
+    with_time_scale(args, args.time_scale)
     try:
         policy = bench_policy(args.policy, args.time_scale, args.detour_p)
     except BadRequest as exc:
-        raise SystemExit(f"bunshin bench epoch: {exc}") from exc
+        raise CommandError(f"bunshin bench epoch: {exc}") from exc
     suite = make_suite(args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("command", "bench", "set", "subparser")}
@@ -434,4 +365,4 @@ def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
                                        speculation=speculation, engine_kwargs=engine_kwargs, json_path=args.json,
                                        plots=args.plots, config=config))
         except BadRequest as exc:
-            raise SystemExit(f"bunshin bench epoch: {exc}") from exc
+            raise CommandError(f"bunshin bench epoch: {exc}") from exc

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..meter import GiB
-from .report import human_bytes, markdown_table, pyplot
+from ..report import human_bytes, markdown_table, pyplot
 
 
 def percent(value: float | None) -> str:

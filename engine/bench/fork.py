@@ -21,7 +21,7 @@ from bunshin.envs.records import Limits
 from bunshin.envs.runtime.memory import page_tables
 
 from ..errors import EngineError
-from .report import human_bytes, markdown_table, percentile, pyplot, write_json
+from ..report import human_bytes, markdown_table, percentile, pyplot, write_json
 
 COLUMNS = [
     ("backend", "backend"), ("size", "size"), ("forks", "forks"),

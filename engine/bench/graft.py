@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .report import markdown_table
+from ..errors import CommandError
+from ..report import markdown_table, pyplot
 
 VMTEST = Path(__file__).resolve().parents[2] / "kmod" / "vmtest"
 
@@ -27,7 +28,7 @@ def run_once(timeout: float) -> dict:
         done = subprocess.run([sys.executable, str(VMTEST), "--bench-only", "--bench", str(out)],
                               capture_output=True, text=True, timeout=timeout)
         if done.returncode or not out.exists():
-            raise SystemExit(f"bunshin bench graft: kmod/vmtest failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            raise CommandError(f"bunshin bench graft: kmod/vmtest failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
@@ -62,11 +63,7 @@ COLUMNS = [("size_mib", "source MiB"), ("graft_ms", "graft ms (TCG)"), ("fork_ms
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     sizes = [str(r["size_mib"]) + " MiB" for r in rows]
     x = range(len(rows))

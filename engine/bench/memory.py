@@ -25,8 +25,8 @@ from bunshin.envs.suites.base import Suite
 from bunshin.policies.scripted import ScriptedPolicy
 
 from ..records import Status
+from ..report import human_bytes, markdown_table, pyplot, write_json
 from ..rollout import RolloutEngine
-from .report import human_bytes, markdown_table, pyplot, write_json
 
 GiB = 1 << 30
 FIGURES = ("peak_bytes", "mean_bytes", "wall_s", "total_gib_s", "pss_peak", "page_tables_peak", "engine_peak",

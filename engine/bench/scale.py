@@ -25,8 +25,10 @@ import msgspec
 from bunshin.envs.suites.base import Suite
 from bunshin.policies.base import Policy
 
+from ..commands.flags import make_suite
+from ..errors import CommandError
 from ..records import Status, Trajectory
-from .report import human_bytes, markdown_table, percentile, pyplot, write_json
+from ..report import human_bytes, markdown_table, percentile, pyplot, write_json
 
 HOP_CALLS = 200
 
@@ -123,20 +125,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def command(args: Any, make_suite: Any) -> int:
+def command(args: Any) -> int:
     """Each node count in its own local cluster (made and removed from the main thread: Ray's node start sets
-    signal handlers), the batch run on an event loop inside it."""
+    signal handlers), the batch run on an event loop inside it; what it refuses is a ``CommandError``."""
     from bunshin.policies.registry import make_policy
 
     from .. import event_loop
     from ..cluster.local import local_cluster
 
     if not args.nodes or min(args.nodes) < 1:
-        raise SystemExit("bunshin bench scale: --nodes: node counts >= 1, e.g. 1,2,3")
+        raise CommandError("bunshin bench scale: --nodes: node counts >= 1, e.g. 1,2,3")
     try:
         policy = make_policy(args.policy, args.time_scale)
     except (ValueError, OSError) as exc:
-        raise SystemExit(f"bunshin bench scale: --policy: {exc}") from exc
+        raise CommandError(f"bunshin bench scale: --policy: {exc}") from exc
     suite = make_suite(args)
     rows: list[dict[str, Any]] = []
     hop: dict[str, Any] | None = None

@@ -27,18 +27,17 @@ from typing import Any
 
 from bunshin.envs.suites.base import Suite
 
+from ..commands.flags import make_suite, with_time_scale
+from ..errors import BadRequest, CommandError
 from ..records import Trajectory, read_jsonl, write_jsonl
+from ..report import markdown_table, pyplot, write_json
 from ..speculation.features import FEATURE_GROUPS, examples_of
 from ..speculation.selector import SpecToolSelector
-from .report import markdown_table, pyplot, write_json
-
-
-class BadRequest(ValueError):
-    """What the command asked for cannot be run."""
+from .policy import bench_policy
 
 
 def add_arguments(parser: Any) -> None:
-    """``bench selector``'s flags (the suite's come from the caller's ``_suite_arguments``)."""
+    """``bench selector``'s flags (the suite's are ``commands.flags.suite_arguments``)."""
     parser.add_argument("--policy", choices=["grounded", "scripted"], default="grounded")
     parser.add_argument("--detour-p", type=_rates, default=None,
                         help="the policy's detour probabilities, a comma list (default: its own)")
@@ -225,30 +224,27 @@ def plot(rows: list[dict[str, Any]], ablation: list[dict[str, Any]], path: Path,
     plt.close(fig)
 
 
-def command(args: Any, make_suite: Callable[[Any], Suite]) -> int:
-    """``bunshin bench selector`` from its parsed arguments (suite and policy at time scale 0)."""
+def command(args: Any) -> int:
+    """``bunshin bench selector`` from its parsed arguments (suite and policy at time scale 0); what it refuses is
+    a ``CommandError``."""
     from .. import event_loop
-    from .epoch import suite_takes_time_scale
-    from .sharing import BadRequest as PolicyRequest
-    from .sharing import make_bench_policy
 
-    if "time_scale" not in dict(args.set) and suite_takes_time_scale(args.suite):
-        args.set = [*args.set, ("time_scale", 0.0)]
+    with_time_scale(args, 0.0)
     suite = make_suite(args)
     rates: list[float | None] = list(args.detour_p) if args.detour_p else [None]
     try:
         for rate in rates:
-            make_bench_policy(args.policy, rate)
-    except PolicyRequest as exc:
-        raise SystemExit(f"bunshin bench selector: {exc}") from exc
+            bench_policy(args.policy, 0.0, rate)
+    except BadRequest as exc:
+        raise CommandError(f"bunshin bench selector: {exc}") from exc
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if k not in ("command", "bench", "set")}
     engine_kwargs = {"concurrency": args.concurrency, "max_steps": args.max_steps}
     try:
         return event_loop.run(main(
-            suite, lambda rate: make_bench_policy(args.policy, rate), rates, epochs=args.epochs, tasks=args.tasks,
+            suite, lambda rate: bench_policy(args.policy, 0.0, rate), rates, epochs=args.epochs, tasks=args.tasks,
             group_size=args.group_size, seed=args.seed, top_k=args.top_k, ablate=args.ablate,
             with_online=not args.no_online, engine_kwargs=engine_kwargs, record_dir=args.record_dir,
             json_path=args.json, plot_path=args.plot, config=config))
     except BadRequest as exc:
-        raise SystemExit(f"bunshin bench selector: {exc}") from exc
+        raise CommandError(f"bunshin bench selector: {exc}") from exc

@@ -26,7 +26,6 @@ workspace open (every path closes what it made; the runtime closes the root).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import statistics
 import sys
 import time
@@ -45,40 +44,21 @@ from bunshin.envs.workspace import Workspace
 from bunshin.policies.base import Policy
 
 from ..episode import Episode, Stop
+from ..errors import BadRequest, EngineError
 from ..outcomes import describe
 from ..records import Trajectory
-from .report import human_bytes, markdown_table, pyplot, write_json
+from ..report import human_bytes, markdown_table, pyplot, write_json
 
 DECIDE_TIMEOUT_S = 300.0  # the engine's defaults
 CALL_TIMEOUT_S = 120.0
-POLICIES = ("grounded", "scripted")
 
 
-class BadRequest(ValueError):
-    """What the command asked for cannot be measured (an unknown template or policy, too few samples)."""
-
-
-class StepFailed(Exception):
+class StepFailed(EngineError):
     """A sample's step failed: the task's run ends there (never skipped)."""
 
     def __init__(self, sample: int, step: int, action: str | None, reason: str):
         super().__init__(f"sample {sample} step {step}{f' {action}' if action else ''}: {reason}")
         self.sample, self.step, self.action, self.reason = sample, step, action, reason
-
-
-def make_bench_policy(name: str, detour_p: float | None = None) -> Policy:
-    """The policy at reasoning time scale 0 (no sleeping); ``detour_p`` where the policy has that knob."""
-    from bunshin.policies.registry import make_policy
-
-    if name not in POLICIES:
-        raise BadRequest(f"unknown policy {name!r}: use {' or '.join(POLICIES)}")
-    policy = make_policy(name, 0.0)
-    if detour_p is None:
-        return policy
-    kind = type(policy)
-    if "detour_p" not in inspect.signature(kind).parameters:
-        raise BadRequest(f"policy {name} has no detour_p knob")
-    return kind(detour_p=detour_p, time_scale=0.0)
 
 
 def select(tasks: list[SuiteTask], template: str, per_template: int | None) -> dict[str, list[SuiteTask]]:
@@ -231,7 +211,7 @@ async def run(suite: Suite, policy: Policy, steps: int = 10, *, samples: int = 2
     kwargs: dict[str, Any] = {"limits": Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=CALL_TIMEOUT_S)}
     if state_dir:
         kwargs["state_dir"] = state_dir
-    head = {"suite": suite.name, "knobs": getattr(suite, "knobs", {}), "policy": policy.name,
+    head = {"suite": suite.name, "knobs": suite.knobs, "policy": policy.name,
             "policy_knobs": {k: v for k, v in vars(policy).items() if isinstance(v, int | float | str | bool)},
             "steps": steps, "samples": samples, "template": template, "tasks_per_template": per_template,
             "seed": seed}

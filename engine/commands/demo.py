@@ -11,8 +11,8 @@ import time
 
 from bunshin.envs import AppSpec, ToolCall, WorkspaceRuntime
 
-from ..bench.report import human_bytes, markdown_table
 from ..errors import EngineError
+from ..report import human_bytes, markdown_table
 
 
 async def demo(size: int, clones: int, backend: str) -> int:

@@ -12,7 +12,6 @@ file silently: each is in ``summary["refused"]`` and on stdout.
 
 from __future__ import annotations
 
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -23,37 +22,12 @@ import msgspec
 from bunshin.envs.suites.base import Refusal, Suite, SuiteTask
 from bunshin.policies.base import Policy
 
-from ..bench.report import human_bytes, markdown_table, write_json
+from ..errors import CommandError
 from ..prefix.settings import PrefixSettings
 from ..records import Status, Trajectory
+from ..report import Progress, human_bytes, markdown_table, write_json
 from ..rollout import RolloutEngine
 from ..speculation.settings import SpecSettings
-
-
-class Progress:
-    """One status line, rewritten in place on a terminal and printed every few seconds otherwise."""
-
-    def __init__(self, total: int, out: Any = sys.stderr):
-        self.total, self.out = total, out
-        self.done = self.ok = self.failed = 0
-        self.started = time.monotonic()
-        self.last_print = 0.0
-        self.tty = getattr(out, "isatty", lambda: False)()
-
-    def update(self, t: Trajectory, memory: int) -> None:
-        self.done += 1
-        self.ok += t.status == Status.OK
-        self.failed += t.status != Status.OK
-        now = time.monotonic()
-        width = 30
-        bar = "#" * (width * self.done // max(self.total, 1))
-        line = (f"[{bar:<{width}}] {self.done}/{self.total} rollouts  ok {self.ok}  failed {self.failed}  "
-                f"memory {human_bytes(memory)}  {now - self.started:.0f}s")
-        if self.tty:
-            print("\r" + line, end="" if self.done < self.total else "\n", file=self.out, flush=True)
-        elif now - self.last_print > 5 or self.done == self.total:
-            print(line, file=self.out, flush=True)
-            self.last_print = now
 
 
 def summarize(trajectories: list[Trajectory], wall_s: float, peak: int, gib_s: float, backend: str) -> dict[str, Any]:
@@ -139,17 +113,12 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
                    max_steps: int = 40, prefix: PrefixSettings | None = None,
                    speculation: SpecSettings | None = None, ray_address: str | None = None) -> dict[str, Any]:
-    """``speculation``: speculative tool execution's settings (None: off); refused with ``SystemExit`` by an
-    engine that cannot speculate. ``ray_address``: run the same job on a Ray cluster (``engine/cluster``: one
-    agent per node, ``concurrency`` and ``memory_budget`` per node), as ``ray.init(address=...)`` takes it."""
+    """``speculation``: speculative tool execution's settings (None: off). ``ray_address``: run the same job on a
+    Ray cluster (``engine/cluster``: one agent per node, ``concurrency`` and ``memory_budget`` per node), as
+    ``ray.init(address=...)`` takes it. What it refuses (the prefix cache or speculation with ``ray_address``,
+    a tasks file naming tasks the suite does not have) is a ``CommandError``."""
     if ray_address is not None and (prefix is not None or speculation is not None):
-        raise SystemExit("bunshin eval: --ray: the prefix cache and speculation run on one host only for now")
-    kwargs: dict[str, Any] = {"prefix": prefix}
-    if speculation is not None:
-        if "speculation" not in inspect.signature(RolloutEngine).parameters:
-            raise SystemExit("bunshin eval: --speculate: this engine has no speculation yet "
-                             "(RolloutEngine takes no speculation=)")
-        kwargs["speculation"] = speculation
+        raise CommandError("bunshin eval: --ray: the prefix cache and speculation run on one host only for now")
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
@@ -160,14 +129,15 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                                        memory_budget=memory_budget, max_steps=max_steps)
     else:
         engine_cm = RolloutEngine(suite, policy, backend=backend, concurrency=concurrency,
-                                  memory_budget=memory_budget, max_steps=max_steps, **kwargs)
+                                  memory_budget=memory_budget, max_steps=max_steps, prefix=prefix,
+                                  speculation=speculation)
     async with engine_cm as engine:
         ids = None
         if tasks_file is not None:
             ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
             unknown = [i for i in ids if i not in engine.tasks]
             if unknown:
-                raise SystemExit(f"{tasks_file}: unknown task ids {unknown[:5]} for suite {suite.name}")
+                raise CommandError(f"{tasks_file}: unknown task ids {unknown[:5]} for suite {suite.name}")
         ids, refused = runnable(engine.tasks, ids, policy, suite.refused())
         requests = engine.requests(ids, limit=limit, group_size=group_size, seed=seed)
         progress = Progress(sum(r.group_size for r in requests))
@@ -180,8 +150,7 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                 progress.update(result.trajectory, engine.meter.now())
         wall = time.monotonic() - started
         cache = engine.prefix_statistics()
-        spec = getattr(engine, "speculation_statistics", lambda: None)()
-        spec = await spec if inspect.isawaitable(spec) else spec
+        spec = engine.speculation_statistics()
     summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
     if cache is not None:
         summary["prefix"] = prefix_summary(trajectories, cache)

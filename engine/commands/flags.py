@@ -1,0 +1,176 @@
+"""The flags several commands share, and what they mean: sizes and budgets, the suite and its knobs (``--suite``,
+``--set``, ``--catalog-size``), the prefix cache's and speculation's flags as settings objects.
+
+Owns: parsing those flags' values, adding the suite's and speculation's flags to a parser, and turning the parsed
+arguments into a suite, ``PrefixSettings`` and ``SpecSettings``; a flag refused here is an ``ArgumentRefused`` (a
+value the suite refuses, a ``CommandError``). Used by ``cli.py``'s parser and dispatch and by the benchmarks' commands.
+Must never: exit (``cli.main`` alone turns a refusal into an exit status), or run anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from bunshin.envs.suites.base import Suite
+
+from ..errors import ArgumentRefused, CommandError
+from ..prefix.settings import PrefixSettings
+from ..speculation.settings import SpecSettings
+
+DEFAULT = "default"  # a budget flag not given: PrefixSettings' own default
+
+
+def nbytes_of(value: str | int) -> int:
+    """Parse sizes such as ``64M``, ``1G``, ``256MiB``, ``4096``."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def budget_of(value: str) -> int | str | None:
+    """A budget in bytes (``256M``...), ``none`` for unbounded (``default``: the flag was left out)."""
+    text = value.strip().lower()
+    return None if text in ("none", "unbounded") else DEFAULT if text == DEFAULT else nbytes_of(value)
+
+
+def spec_memory_of(value: str) -> tuple[str, float] | str | None:
+    """``--spec-memory``: ``10%`` (the branches may lift the run's memory this far above the most it held without
+    them), ``256M`` (bytes the branches may hold), ``none`` (unbounded); ``default``: the flag was left out."""
+    text = value.strip().lower()
+    if text in ("none", "unbounded"):
+        return None
+    if text == DEFAULT:
+        return DEFAULT
+    if text.endswith("%"):
+        try:
+            return ("headroom", float(text[:-1]) / 100)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"bad percentage {value!r}") from exc
+    try:
+        return ("bytes", nbytes_of(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad size {value!r}: use BYTES (256M), P% (10%) or none") from exc
+
+
+def knob(text: str) -> tuple[str, object]:
+    """``--set NAME=VALUE``: an int, a float, ``true``/``false`` or else the text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    for parse in (int, float):
+        try:
+            return name, parse(value)
+        except ValueError:
+            pass
+    return name, {"true": True, "false": False}.get(value.lower(), value)
+
+
+def suite_arguments(parser: argparse.ArgumentParser) -> None:
+    from bunshin.envs.suites.registry import SUITES
+
+    parser.add_argument("--suite", choices=sorted(SUITES), required=True)
+    parser.add_argument("--catalog-size", type=int, help="web shop: products in the catalog (default 20000)")
+    parser.add_argument("--set", type=knob, action="append", default=[], metavar="KNOB=VALUE",
+                        help="another keyword argument of the suite (e.g. image_px=48, cache_mb=120)")
+
+
+def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
+    """The suite's ``time_scale`` knob (its tools' modelled latency, ``envs/latency.py``) follows ``time_scale``
+    unless the user set the knob (``--set time_scale=X``)."""
+    if not any(name == "time_scale" for name, _ in args.set):
+        args.set = [*args.set, ("time_scale", time_scale)]
+
+
+def make_suite(args: argparse.Namespace) -> Suite:
+    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``)."""
+    from bunshin.envs.suites.registry import get_suite
+
+    knobs = dict(args.set)
+    if args.catalog_size is not None:
+        if args.suite != "webshop":
+            raise CommandError("--catalog-size is a web shop knob")
+        knobs["catalog_size"] = args.catalog_size
+    try:
+        return get_suite(args.suite, **knobs)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"bad knob for suite {args.suite}: {exc}") from exc
+
+
+def budgets(args: argparse.Namespace) -> dict[str, int | None]:
+    """The prefix-cache budgets given on the command line (a flag left out keeps ``PrefixSettings``' default)."""
+    return {name: getattr(args, name) for name in ("hot_budget", "disk_budget") if getattr(args, name) != DEFAULT}
+
+
+def prefix_settings(args: argparse.Namespace) -> PrefixSettings | None:
+    """``bunshin eval``'s prefix-cache flags as ``PrefixSettings`` (None without ``--prefix-cache``)."""
+    given = [flag for flag, value in (("--cache-dir", args.cache_dir), ("--hot-budget", args.hot_budget),
+                                      ("--disk-budget", args.disk_budget)) if value not in (None, DEFAULT)]
+    if not args.prefix_cache:
+        if given:
+            raise CommandError(f"bunshin eval: {', '.join(given)} need --prefix-cache")
+        return None
+    try:
+        return PrefixSettings(cache_dir=args.cache_dir, strategy=args.cache_strategy, **budgets(args))
+    except ValueError as exc:
+        raise CommandError(f"bunshin eval: {exc}") from exc
+
+
+SPEC_FLAGS = (("--spec-slots", "spec_slots", None), ("--spec-threshold", "spec_threshold", None),
+              ("--spec-memory", "spec_memory", DEFAULT), ("--spec-train", "spec_train", None),
+              ("--spec-readonly", "spec_readonly", False))
+
+
+def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> SpecSettings | None:
+    """The speculation flags as ``SpecSettings`` (a flag left out keeps its default). ``bunshin eval``: None
+    without ``--speculate``, and a ``--spec-*`` flag without it is refused; with ``--prefix-cache --cache-dir
+    DIR`` the selector is saved in DIR. ``bunshin bench epoch``: the speculating modes' settings (their
+    ``read_only`` and ``model_dir`` are the mode's), and a ``--spec-*`` flag with no such mode is refused. A
+    refusal is an ``ArgumentRefused`` of ``command``."""
+    given = [flag for flag, name, unset in SPEC_FLAGS if getattr(args, name, unset) != unset]
+    if hasattr(args, "speculate"):
+        if not args.speculate:
+            if given:
+                raise ArgumentRefused(command, f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --speculate")
+            return None
+    elif given and not any(m in ("spec", "spec-readonly", "full") for m in args.modes):
+        raise ArgumentRefused(command, f"{', '.join(given)} need a speculating mode (spec, spec-readonly or full)")
+    if getattr(args, "spec_train", None) is not None and not args.spec_train.is_file():
+        raise ArgumentRefused(command, f"--spec-train {args.spec_train}: no such file")
+    kwargs: dict[str, Any] = {}
+    for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train")):
+        if getattr(args, name, None) is not None:
+            kwargs[key] = getattr(args, name)
+    memory = getattr(args, "spec_memory", DEFAULT)
+    if memory != DEFAULT:
+        kind, amount = memory if memory is not None else (None, None)
+        kwargs["memory_headroom"] = amount if kind == "headroom" else None
+        kwargs["memory_budget"] = int(amount) if kind == "bytes" else None
+    if getattr(args, "spec_readonly", False):
+        kwargs["read_only"] = True
+    if getattr(args, "prefix_cache", False) and getattr(args, "cache_dir", None) is not None:
+        kwargs["model_dir"] = args.cache_dir
+    try:
+        return SpecSettings(**kwargs)
+    except ValueError as exc:
+        raise ArgumentRefused(command, str(exc)) from exc
+
+
+def spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:
+    need = "speculating modes" if bench else "with --speculate"
+    parser.add_argument("--spec-slots", type=int, metavar="N",
+                        help=f"{need}: speculative branches running at once, tail samples first (default 4)")
+    parser.add_argument("--spec-threshold", type=float, metavar="P",
+                        help=f"{need}: the probability the selector's first prediction must reach (default 0.5)")
+    parser.add_argument("--spec-memory", type=spec_memory_of, default=DEFAULT, metavar="P%|BYTES",
+                        help=f"{need}: memory for the branches: P%% lets them lift the run's memory at most P%% above "
+                             "the most it has held without them (default 10%%), BYTES caps what they hold together "
+                             "(256M), none: unbounded")
+    parser.add_argument("--spec-train", type=Path, metavar="FILE",
+                        help=f"{need}: recorded trajectories (JSON Lines, as eval's trajectories.jsonl) the "
+                             "selector learns from before the first rollout")
