@@ -69,7 +69,6 @@ from .prompts import (
     DEFAULT_PROMPTS,
     EXAMPLES,
     GENERIC_PROMPT,
-    SUITE_SCHEMAS,
     SUITE_TOOL_PROMPTS,
     TEXT_SUFFIX,
     TOOL_SUFFIX,
@@ -77,7 +76,7 @@ from .prompts import (
     suite_tools,
 )
 
-__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "NOT_RUN", "RETRY_STATUSES", "SUITE_SCHEMAS", "SUITE_TOOL_PROMPTS",
+__all__ = ["ACT_TOOL", "DEFAULT_PROMPTS", "NOT_RUN", "RETRY_STATUSES", "SUITE_TOOL_PROMPTS",
            "OpenAIPolicy", "strip_fences", "suite_tools"]
 
 _TOKEN_ID = re.compile(r"token_id:(-?\d+)")

@@ -3,8 +3,9 @@ out of a model's text.
 
 Owns: ``DEFAULT_PROMPTS`` (one system prompt per suite: its action language in prose, its list of actions generated
 from the suite's tool schema), ``ACT_TOOL`` (the default tool), ``suite_tools`` with ``SUITE_TOOL_PROMPTS``
-(``tools="suite"``: the suite's own tools offered as functions generated from its schema, ``SUITE_SCHEMAS``), and
-``strip_fences``. Used by ``openai.py``, which re-exports them.
+(``tools="suite"``: the suite's own tools offered as functions generated from its schema), and ``strip_fences``.
+A suite's schema is the one it declares (``Suite.tool_schema``), found through the suite registry
+(``envs/suites/registry.py``). Used by ``openai.py``, which re-exports them.
 Must never: do I/O.
 """
 
@@ -14,14 +15,14 @@ import re
 from typing import Any
 
 from bunshin.envs.desktop import suite as desktop_suite
-from bunshin.envs.desktop import tools as desktop_tools
+from bunshin.envs.suites.errors import UnknownSuite
+from bunshin.envs.suites.registry import tool_schema
 from bunshin.envs.suites.tools import ToolSchema
-from bunshin.envs.webshop import tools as webshop_tools
 
 from .base import PolicyError
 
-__all__ = ["ACT_TOOL", "ACT_TOOL_NAME", "DEFAULT_PROMPTS", "EXAMPLES", "GENERIC_PROMPT", "SUITE_SCHEMAS",
-           "SUITE_TOOL_PROMPTS", "TEXT_SUFFIX", "TOOL_SUFFIX", "strip_fences", "suite_tools"]
+__all__ = ["ACT_TOOL", "ACT_TOOL_NAME", "DEFAULT_PROMPTS", "EXAMPLES", "GENERIC_PROMPT", "SUITE_TOOL_PROMPTS",
+           "TEXT_SUFFIX", "TOOL_SUFFIX", "strip_fences", "suite_tools"]
 
 ACT_TOOL_NAME = "act"
 
@@ -80,13 +81,22 @@ GENERIC_PROMPT = """\
 You are an autonomous agent completing a task in an environment. Each observation shows the environment's \
 current state. Reply with one action per turn in the environment's action language."""
 
-SUITE_SCHEMAS: dict[str, ToolSchema] = {"webshop": webshop_tools.SCHEMA, "desktop": desktop_tools.SCHEMA}
+def _schema(suite: str) -> ToolSchema:
+    """The tool schema suite ``suite`` declares; ``PolicyError`` for an unknown suite or one without a schema."""
+    try:
+        schema = tool_schema(suite)
+    except UnknownSuite as exc:
+        raise PolicyError(f"no tool schema for suite {suite!r}: {exc}") from exc
+    if schema is None:
+        raise PolicyError(f"no tool schema for suite {suite!r}: it declares none")
+    return schema
+
 
 DEFAULT_PROMPTS: dict[str, str] = {
-    "webshop": f"{_WEBSHOP_INTRO}\n\n" + _WEBSHOP_LANGUAGE.format(listing=webshop_tools.SCHEMA.listing()),
+    "webshop": f"{_WEBSHOP_INTRO}\n\n" + _WEBSHOP_LANGUAGE.format(listing=_schema("webshop").listing()),
     "desktop": f"{_DESKTOP_INTRO}\n\n" + _DESKTOP_LANGUAGE.format(
         compact=", ".join(name for name in desktop_suite.COMPACT if name != "terminal"),
-        listing=desktop_tools.SCHEMA.listing()),
+        listing=_schema("desktop").listing()),
 }
 
 # With the suite's own tools offered (``tools="suite"``) the functions' definitions describe them: no list here.
@@ -101,10 +111,9 @@ SUITE_TOOL_PROMPTS: dict[str, str] = {
 
 def suite_tools(suite: str) -> list[dict[str, Any]]:
     """The suite's agent tools as OpenAI function definitions, generated from its tool schema (a model's call of
-    one is a ``ToolCall`` the suite's application decodes through the same schema)."""
-    if suite not in SUITE_SCHEMAS:
-        raise PolicyError(f"no tool schema for suite {suite!r}; suites with one: {', '.join(SUITE_SCHEMAS)}")
-    return SUITE_SCHEMAS[suite].openai_tools()
+    one is a ``ToolCall`` the suite's application decodes through the same schema); ``PolicyError`` for a suite
+    the registry does not have or one without a schema."""
+    return _schema(suite).openai_tools()
 
 
 TOOL_SUFFIX = ("\n\nGive each action by calling the `act` tool with the action text as its `action` argument "

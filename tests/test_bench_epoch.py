@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 from bunshin.engine.bench import epoch
-from bunshin.engine.bench.policy import bench_policy
 from bunshin.engine.bench.epoch_report import running_curve
-from bunshin.engine.meter import GiB, MemoryMeter
+from bunshin.engine.bench.policy import bench_policy
 from bunshin.engine.errors import BadRequest
+from bunshin.engine.meter import GiB, MemoryMeter
 from bunshin.engine.records import Status, Step, StepObservation, ToolCall, Trajectory
 from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.grounded import GroundedPolicy

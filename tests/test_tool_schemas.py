@@ -19,12 +19,13 @@ from bunshin.envs.desktop import tools as desktop_tools
 from bunshin.envs.desktop.app import DesktopApp
 from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.records import AppSpec, Observation, ToolCall, canonical
+from bunshin.envs.suites import registry
 from bunshin.envs.suites.base import ActionError, Suite, SuiteTask
 from bunshin.envs.suites.tools import MAX_INT, ToolArgs, ToolSchema, Trimmed
 from bunshin.envs.webshop import tools as webshop_tools
 from bunshin.envs.webshop.app import ShopApp
 from bunshin.envs.webshop.suite import WebShopSuite
-from bunshin.policies.openai import DEFAULT_PROMPTS, SUITE_SCHEMAS, suite_tools
+from bunshin.policies.openai import DEFAULT_PROMPTS, suite_tools
 
 WEBSHOP, DESKTOP = webshop_tools.SCHEMA, desktop_tools.SCHEMA
 SCHEMAS = {"webshop": WEBSHOP, "desktop": DESKTOP}
@@ -275,7 +276,8 @@ def _keys(node: Any) -> set[str]:
 def test_openai_functions_are_generated_self_contained(suite: str) -> None:
     schema = SCHEMAS[suite]
     tools = suite_tools(suite)
-    assert SUITE_SCHEMAS[suite] is schema and [t["function"]["name"] for t in tools] == list(schema.names)
+    assert registry.tool_schema(suite) is schema and registry.suite_class(suite).tool_schema is schema
+    assert [t["function"]["name"] for t in tools] == list(schema.names)
     for tool in tools:
         fn = tool["function"]
         assert tool["type"] == "function" and set(fn) == {"name", "description", "parameters"}
@@ -312,3 +314,16 @@ def test_the_prompt_lists_every_tool_from_the_schema(suite: str) -> None:
         assert schema.signature(name) in line or not schema.args(name)
         assert schema.description(name).split("\n\n")[0] in line
     assert schema.listing() in prompt
+
+
+def test_suites_declare_their_schema_and_knobs_and_policies_find_it_in_the_registry() -> None:
+    """``Suite.tool_schema`` and ``Suite.knobs`` are part of the contract, with defaults (none); ``suite_tools``
+    reads the registry's, and names a suite it cannot offer."""
+    from bunshin.policies.base import PolicyError
+
+    assert Suite.tool_schema is None and Suite.knobs == {}
+    assert WebShopSuite.tool_schema is WEBSHOP and DesktopSuite.tool_schema is DESKTOP
+    assert WebShopSuite(catalog_size=500, time_scale=0.0).knobs["catalog_size"] == 500
+    with pytest.raises(PolicyError, match="no tool schema for suite 'nonesuch'.*known: desktop, webshop"):
+        suite_tools("nonesuch")
+

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import EngineError
+
 OBJECT_STORE_BYTES = 100 << 20
 # A killed raylet is declared dead after about period x threshold: seconds, not Ray's default half a minute.
 SYSTEM_CONFIG = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 500,
@@ -27,7 +29,7 @@ RAY_PROGRAMS = (b"raylet", b"gcs_server", b"default_worker.py", b"ray::", b"log_
                 b"dashboard", b"runtime_env", b"ray_client_server")
 
 
-class LocalClusterError(RuntimeError):
+class LocalClusterError(EngineError, RuntimeError):
     """A local cluster could not be made or was not removed whole."""
 
 

@@ -29,6 +29,7 @@ import enum
 import hashlib
 from collections.abc import Iterable, Sequence
 
+from ..errors import EngineError
 from ..records import RolloutRequest
 
 MiB = 1 << 20
@@ -116,7 +117,7 @@ class SampleState(enum.Enum):
     DELIVERED = "delivered"
 
 
-class LedgerError(Exception):
+class LedgerError(EngineError):
     """The driver broke the ledger's rules (a bug of ``engine/cluster``: never a node's or a rollout's fault)."""
 
 

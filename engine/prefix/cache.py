@@ -136,7 +136,7 @@ class PrefixCache:
 
     # -- namespaces and roots -------------------------------------------------------------------------------------
     def namespace(self, task: SuiteTask) -> Namespace:
-        config = Namespace.digest(self.suite.app(task), getattr(self.suite, "knobs", {}), task.path, code_version())
+        config = Namespace.digest(self.suite.app(task), self.suite.knobs, task.path, code_version())
         return Namespace(suite=self.suite.name, task_id=task.id, config=config)
 
     async def root(self, task: SuiteTask, seed: int) -> tuple[Node, Observation] | None:

@@ -40,7 +40,7 @@ HISTORY_USES = 8  # a tree node's uses an example counts at most (its share amon
 
 def selector_namespace(suite: Suite) -> str:
     """The suite, its knobs and the environment's code, as a digest (a model is kept per namespace)."""
-    knobs = msgspec.json.encode(getattr(suite, "knobs", {}), order="sorted")
+    knobs = msgspec.json.encode(suite.knobs, order="sorted")
     digest = hashlib.sha256(b"\0".join([suite.name.encode(), knobs, code_version().encode()])).hexdigest()
     return f"{suite.name}:{digest[:16]}"
 

@@ -87,6 +87,7 @@ READ_ONLY = frozenset({"sheet_get", "search_files", "WAIT"})
 
 class DesktopSuite(Suite):
     name = "desktop"
+    tool_schema = agent_tools.SCHEMA
 
     def __init__(self, tasks_dir: str | Path | None = None, lenient: bool = False, time_scale: float = 1.0,
                  **app_kwargs: Any):

@@ -2,9 +2,9 @@
 ``bunshin bench sharing`` rely on.
 
 Owns: ``SuiteTask`` (one task: the benchmark's own file decoded, plus its reference action sequence), ``Refusal`` (a
-task file set aside, and why) and ``Suite`` (its tasks and the files it refused, which application a task's
-workspace runs, the task's setup, parsing the benchmark's action language into tool calls, recognising the final
-action, and scoring).
+task file set aside, and why) and ``Suite`` (its name, tool schema and knobs; its tasks and the files it refused,
+which application a task's workspace runs, the task's setup, parsing the benchmark's action language into tool
+calls, recognising the final action, and scoring). The suites' errors are ``errors.py``'s, re-exported here.
 Must never: score a task it cannot evaluate; a malformed action is the agent's mistake, reported in an
 observation (``ActionError`` from ``parse_action``, ``ToolError`` inside the workspace), never a crash.
 
@@ -21,26 +21,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
-from ..errors import EnvsError
 from ..records import AppSpec, Observation, ToolCall
 from ..workspace import Workspace
+from .errors import ActionError, SuiteError, SuiteStepFailed
+from .tools import ToolSchema
 
-
-class SuiteError(EnvsError):
-    """The root of a suite's errors: the task files, the agent's actions, the suite's own steps."""
-
-
-class ActionError(SuiteError, ValueError):
-    """An action in the suite's language that cannot be parsed: names the action and what is wrong."""
-
-
-class SuiteStepFailed(SuiteError):
-    """A step the suite itself takes (setup, resolving a reference, reading state for scoring) failed: a broken
-    task or workspace, not the agent's mistake."""
+__all__ = ["ActionError", "Refusal", "Suite", "SuiteError", "SuiteStepFailed", "SuiteTask", "checked",
+           "observation_text", "play"]
 
 
 class SuiteTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,7 +52,16 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Suite(abc.ABC):
+    """A suite declares its ``name``, its ``tool_schema`` and its ``knobs`` besides the methods below."""
+
     name: str
+    # The suite's agent tools (names, arguments, types, defaults): what ``normalize`` checks a call against and what
+    # a policy offers a model (``policies/prompts.py``, through ``registry.tool_schema``). None: no schema.
+    tool_schema: ClassVar[ToolSchema | None] = None
+    # The constructor's keyword arguments that shape the suite's workspaces (sizes, seeds, modelled latency), as a
+    # JSON-able dict: part of the prefix cache's and the selector's namespaces and of the benchmarks' JSON. A suite
+    # with knobs assigns its own dict in ``__init__``; this shared default (none) is never mutated.
+    knobs: dict[str, Any] = {}
 
     @abc.abstractmethod
     def tasks(self) -> list[SuiteTask]:

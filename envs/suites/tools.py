@@ -30,7 +30,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from ..records import ToolCall
-from .base import ActionError
+from .errors import ActionError
 
 __all__ = ["MAX_ACTION_CHARS", "MAX_INT", "Arg", "ToolArgs", "ToolSchema", "Trimmed", "check_action_text"]
 

@@ -19,21 +19,12 @@ from typing import Any
 
 import msgspec
 
-from .base import SuiteError
+from .errors import TaskFileError
 
 SUPPORTED_SITES = frozenset({"shopping"})
 EVAL_TYPES = frozenset({"string_match", "url_match", "program_html"})
 ANSWER_KINDS = frozenset({"exact_match", "must_include", "fuzzy_match"})
 OR = " |OR| "
-
-
-class TaskFileError(SuiteError, ValueError):
-    """A task file we cannot use. ``path`` is the file; the message names the field or feature."""
-
-    def __init__(self, path: str | Path, message: str):
-        super().__init__(f"{path}: {message}")
-        self.path = str(path)
-        self.detail = message
 
 
 class ProgramHtml(msgspec.Struct, frozen=True, kw_only=True):

@@ -46,6 +46,7 @@ class WebShopSuite(Suite):
     ``refused()`` instead of raising; ``envs/suites/task_dir.py``)."""
 
     name = "webshop"
+    tool_schema = SCHEMA
 
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
