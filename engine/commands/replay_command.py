@@ -22,7 +22,7 @@ async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurre
     from bunshin.policies.replay import ReplayPolicy
 
     recorded = list(read_jsonl(path))
-    policy = ReplayPolicy(recorded)
+    policy = ReplayPolicy.from_file(path)
     requests, seen = [], set()
     for t in recorded:
         if t.group_id not in seen:
