@@ -1,9 +1,9 @@
 """The prefix tree across runs: one file under ``--cache-dir`` so that epoch 2, or tomorrow's run, starts warm.
 
-A tree file is a store manifest's framing: ``<8sIQ>`` header (magic ``BUNSHTRE``, format version, body length), a
-MessagePack body (``TreeFile``: per namespace its nodes in preorder, each with its parent's index, its call in
-canonical form, its observation, tool-seconds, hits, age, non-cacheable flag, digest, cold entry, GreedyDual
-inflation and unadmitted issue counts), and the CRC-32 of the body. Hot entries and pins are this run's and are not
+A tree file is a frame of ``bunshin.envs.framing`` (magic ``BUNSHTRE``, format version 1, body length, body,
+CRC-32 of the body) whose body is MessagePack (``TreeFile``: per namespace its nodes in preorder, each with its
+parent's index, its call in canonical form, its observation, tool-seconds, hits, age, non-cacheable flag, digest,
+cold entry, GreedyDual inflation and unadmitted issue counts). Hot entries and pins are this run's and are not
 saved: a loaded node is COLD if it had a cold entry, else ABSENT. The tree's own counters (hits, misses, admitted,
 ...) are per run and start at zero; a node's ``hits`` and recency carry over (recency as an age against the saving
 tree's clock, to the microsecond, so LRU order survives a clock that restarts). Saved issues come back as that many
@@ -18,26 +18,21 @@ hot entry or a pin, or leave a file under the final name that is not complete an
 from __future__ import annotations
 
 import errno
-import os
-import secrets
-import struct
-import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+from bunshin.envs.framing import Checksum, Format, FramingError
 from bunshin.envs.records import Observation, ToolCall, canonical
 
 from .errors import StoreFull, StoreWriteFailed
 from .eviction import EvictionStrategy, Kind
-from .layer_delta import fsync_dir
 from .tree import ISSUERS_KEPT, Admission, Namespace, Node, PrefixError, PrefixTree
 
 MAGIC, VERSION = b"BUNSHTRE", 1
-_HEADER = struct.Struct("<8sIQ")  # magic, format version, body length
-_CRC = struct.Struct("<I")  # CRC-32 of the body
+FORMAT = Format("prefix tree file", MAGIC, VERSION, Checksum.CRC32, max_body=1 << 32)
 _AGE_DIGITS = 6  # ages are kept to the microsecond: save(load(save(t))) == save(t) byte for byte
 
 
@@ -137,33 +132,13 @@ def save_tree(tree: PrefixTree, path: Path | str, *, fault: Callable[[str], None
     any, untouched; no temporary file left). ``fault``: a test hook called at ``"tree.written"``."""
     path = Path(path)
     body_file, kept, skipped = _records(tree)
-    body = _encode(body_file)
-    blobs = [_HEADER.pack(MAGIC, VERSION, len(body)), body, _CRC.pack(zlib.crc32(body))]
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            for blob in blobs:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view):]
-            (fault or (lambda step: None))("tree.written")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        written = FORMAT.write_file(path, [_encode(body_file)],
+                                    fault=None if fault is None else (lambda: fault("tree.written")))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         kind = StoreFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StoreWriteFailed
         raise kind(f"saving the prefix tree to {path}: {exc}") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    for leftover in path.parent.iterdir():  # earlier saves that crashed before their rename
-        if leftover.name.startswith(f".{path.name}.") and leftover.name.endswith(".tmp"):
-            leftover.unlink(missing_ok=True)
-    return Saved(path, kept, skipped, sum(len(b) for b in blobs))
+    return Saved(path, kept, skipped, written)
 
 
 def load_tree(path: Path | str, *, clock: Callable[[], float],
@@ -180,9 +155,11 @@ def load_tree(path: Path | str, *, clock: Callable[[], float],
                           admission=admission)
 
     try:
-        data = Path(path).read_bytes()
+        body = FORMAT.read(path)
     except FileNotFoundError:
         return Loaded(fresh())
+    except FramingError as exc:
+        return Loaded(fresh(), reason=f"{path}: {exc.reason}; starting with an empty tree")
     except OSError as exc:
         return Loaded(fresh(), reason=f"unreadable: {exc}")
     ok: Callable[[Namespace], bool] = (
@@ -190,23 +167,11 @@ def load_tree(path: Path | str, *, clock: Callable[[], float],
         else frozenset(namespace_ok).__contains__)
     loaded = Loaded(fresh())
     try:
-        _build(loaded, _parse(data), ok, known_checkpoints)
+        _build(loaded, _decode_file(body), ok, known_checkpoints)
         loaded.tree.check()
     except (ValueError, PrefixError, AssertionError) as exc:  # msgspec's DecodeError is a ValueError
         return Loaded(fresh(), reason=f"{path}: {exc or type(exc).__name__}; starting with an empty tree")
     return loaded
-
-
-def _parse(data: bytes) -> TreeFile:
-    if len(data) < _HEADER.size + _CRC.size:
-        raise _Corrupt(f"{len(data)} bytes is shorter than a header")
-    magic, version, length = _HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
-        raise _Corrupt(f"magic {magic!r} version {version}, this reader knows {MAGIC!r} {VERSION}")
-    body = data[_HEADER.size:_HEADER.size + length]
-    if _HEADER.size + length + _CRC.size != len(data) or _CRC.unpack_from(data, len(data) - 4)[0] != zlib.crc32(body):
-        raise _Corrupt("torn or checksum mismatch")
-    return _decode_file(body)
 
 
 def _build(loaded: Loaded, file: TreeFile, ok: Callable[[Namespace], bool], known: Collection[str] | None) -> None:

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import secrets
-import struct
 import threading
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,13 +30,16 @@ from pathlib import Path
 
 import msgspec
 
+from bunshin.envs.framing import Checksum, Format, FramingError
+
 from .errors import CorruptEntry, StoreBusy, StoreError, StoreFull, StoreWriteFailed, UnknownNode
 from .layer_delta import Entry, diff_layer, fsync_dir, remove_path, set_meta, under
 
 CHUNK_MAGIC, NODE_MAGIC, VERSION = b"BUNSHCHK", b"BUNSHNOD", 1
-_HEADER = struct.Struct("<8sIQ")  # magic, format version, payload length
-_CRC = struct.Struct("<I")  # a manifest's trailer: CRC-32 of its body
-_DIGEST = 32  # a chunk's trailer: blake2b-256 of its payload, which is also its name
+# frames of ``bunshin.envs.framing``: a chunk's trailer is the blake2b-256 of its payload, which is also its name; a
+# manifest's is the CRC-32 of its body
+CHUNK = Format("checkpoint chunk", CHUNK_MAGIC, VERSION, Checksum.BLAKE2B_256, max_body=1 << 32)
+MANIFEST = Format("checkpoint manifest", NODE_MAGIC, VERSION, Checksum.CRC32, max_body=1 << 32)
 CHUNK_BYTES = 1 << 20
 _SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 Buffer = bytes | bytearray | memoryview
@@ -235,15 +235,14 @@ class CheckpointStore:
         stats = Counter[str]()
 
         def chunk(view: memoryview) -> str:
-            cid = hashlib.blake2b(view, digest_size=_DIGEST).hexdigest()
+            cid = CHUNK.checksum.digest([view]).hex()
             with self._mutex:  # pinned as it is seen, so no delete or gc removes a chunk this plan reuses
                 if cid not in pins:
                     pins.add(cid)
                     self._pins[cid] += 1
                 absent = cid not in self._present and cid not in new
             if absent:
-                blobs = [_HEADER.pack(CHUNK_MAGIC, VERSION, view.nbytes), view, bytes.fromhex(cid)]
-                new[cid] = Pending(self._chunk_path(cid), blobs, cid)
+                new[cid] = Pending(self._chunk_path(cid), CHUNK.frame([view], digest=bytes.fromhex(cid)), cid)
             stats["chunks_written" if absent else "chunks_reused"] += 1
             return cid
 
@@ -265,8 +264,7 @@ class CheckpointStore:
         return self._plan(manifest, list(new.values()), pins, dict(stats))
 
     def _plan(self, manifest: Manifest, chunks: list[Pending], pins: set[str], stats: dict[str, int]) -> Plan:
-        body = _encode(manifest)
-        blobs = [_HEADER.pack(NODE_MAGIC, VERSION, len(body)), body, _CRC.pack(zlib.crc32(body))]
+        blobs = MANIFEST.frame([_encode(manifest)])
         return Plan(manifest, chunks, Pending(self.nodes / manifest.node_id, blobs), pins, stats)
 
     def new_temp(self, plan: Plan) -> Path:
@@ -364,31 +362,24 @@ class CheckpointStore:
     def _read_chunk(self, cid: str, into: memoryview) -> None:
         path = self._chunk_path(cid)
         try:
-            with open(path, "rb") as f:
-                magic, version, length = _HEADER.unpack(f.read(_HEADER.size).ljust(_HEADER.size, b"\0"))
-                ok = magic == CHUNK_MAGIC and version == VERSION and length == into.nbytes
-                ok = ok and f.readinto(into) == length and f.read(_DIGEST + 1) == bytes.fromhex(cid)
+            CHUNK.read_into(path, into, digest=bytes.fromhex(cid))
+            return
         except FileNotFoundError:
-            ok = False
-        if not ok or hashlib.blake2b(into, digest_size=_DIGEST).hexdigest() != cid:
-            with self._mutex:
-                users = [n for n, m in self._manifests.items() if cid in _ids(m)]
-                dropped = [d for n in users if n in self._manifests for d in self._drop_subtree(n)]
-                path.unlink(missing_ok=True)
-                self._present.pop(cid, None)
-            raise CorruptEntry(path, "missing, torn or not matching its name", dropped)
+            reason = "missing"
+        except FramingError as exc:
+            reason = exc.reason
+        with self._mutex:
+            users = [n for n, m in self._manifests.items() if cid in _ids(m)]
+            dropped = [d for n in users if n in self._manifests for d in self._drop_subtree(n)]
+            path.unlink(missing_ok=True)
+            self._present.pop(cid, None)
+        raise CorruptEntry(path, reason, dropped)
 
     def _load_manifest(self, path: Path) -> Manifest:
-        data = path.read_bytes()
-        if len(data) < _HEADER.size + _CRC.size:
-            raise CorruptEntry(path, f"{len(data)} bytes is shorter than a header")
-        magic, version, length = _HEADER.unpack_from(data)
-        if magic != NODE_MAGIC or version != VERSION:
-            raise CorruptEntry(path, f"magic {magic!r} version {version}, this reader knows {NODE_MAGIC!r} {VERSION}")
-        body = data[_HEADER.size:_HEADER.size + length]
-        if _HEADER.size + length + _CRC.size != len(data) or _CRC.unpack_from(data, len(data) - 4)[0] != zlib.crc32(
-                body):
-            raise CorruptEntry(path, "torn or checksum mismatch")
+        try:
+            body = MANIFEST.read(path)
+        except FramingError as exc:
+            raise CorruptEntry(path, exc.reason) from exc
         try:
             manifest = _decode(body)
         except msgspec.DecodeError as exc:

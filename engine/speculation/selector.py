@@ -17,10 +17,12 @@ never forked) runs ``_fit`` (read the spool, featurize what is new, fit, write t
 prediction never waits behind a retrain. The event loop's thread only encodes an example (microseconds) and awaits
 futures; the spool is appended from a thread.
 Files: a temporary directory per open selector holds the spool (length-prefixed MessagePack ``Example`` records)
-and the model files; ``close`` saves examples and model into ``model_dir/spec-selector.bin`` (magic, format
-version, header with the namespace, the spool, the pickled model, CRC32; written to a temporary name and renamed)
-and removes the directory. ``open`` takes a saved file only if magic, format, checksum and namespace match (and the
-model only if scikit-learn's version and the feature groups match; else its examples are retrained).
+and the model files; ``close`` saves examples and model into ``model_dir/spec-selector.bin`` (a frame of
+``bunshin.envs.framing``: magic, format version 2, length, CRC-32; its body the length of a JSON header with the
+namespace, the header, the spool, the pickled model; written atomically) and removes the directory. ``open`` takes
+a saved file only if the frame verifies and the namespace matches (and the model only if scikit-learn's version and
+the feature groups match; else its examples are retrained). Format 1 was framed otherwise (no length, the version
+in the JSON header); such a file is refused like any other it cannot read.
 Must never: block the event loop on featurizing, fitting or predicting; fork the engine process; leave a worker
 process behind after ``close`` (also when cancelled); raise at ``open`` over a bad saved file (it starts empty and
 says why); or see a task's reference solution or evaluator (it learns only ``Situation``s and the calls made).
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -39,7 +43,6 @@ import struct
 import tempfile
 import time
 import warnings
-import zlib
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -47,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from bunshin.envs.framing import Checksum, Format, FramingError
 from bunshin.envs.records import ToolCall
 
 from ..errors import EngineError
@@ -56,7 +60,8 @@ from .features import FEATURE_GROUPS, Situation, examples_of, featurize
 log = logging.getLogger(__name__)
 
 MAGIC = b"BSPECSEL"
-FORMAT = 1
+FORMAT = 2
+SAVED = Format("spec selector file", MAGIC, FORMAT, Checksum.CRC32, max_body=1 << 36)
 FILE_NAME = "spec-selector.bin"
 NEIGHBOURS = 15
 WORKERS = 2  # one may fit while the other predicts
@@ -227,7 +232,6 @@ def _predict(model_path: str, situation: bytes, top_k: int) -> list[tuple[str, f
 
 # -- files ---------------------------------------------------------------------------------------------------------
 class _Saved(msgspec.Struct, kw_only=True):
-    format: int
     namespace: str
     examples: int
     examples_bytes: int
@@ -250,60 +254,41 @@ def _sklearn_version() -> str:
 
 def _save(path: Path, header: _Saved, spool: Path, model: Path | None) -> None:
     head = msgspec.json.encode(header)
-    tmp = path.with_name(path.name + ".tmp")
-    crc = 0
-    try:
-        with open(tmp, "wb") as out:
-            def put(chunk: bytes) -> None:
-                nonlocal crc
-                crc = zlib.crc32(chunk, crc)
-                out.write(chunk)
-
-            put(MAGIC + _LEN.pack(len(head)) + head)
-            for part in (spool, model):
-                if part is not None:
-                    with open(part, "rb") as f:
-                        while chunk := f.read(1 << 20):
-                            put(chunk)
-            out.write(_LEN.pack(crc))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    parts: list[bytes | mmap.mmap] = [_LEN.pack(len(head)) + head]
+    with contextlib.ExitStack() as files:
+        for part in (spool, model):
+            if part is not None and part.stat().st_size:  # mapped, not read: a model may be large
+                f = files.enter_context(open(part, "rb"))
+                parts.append(files.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)))
+        SAVED.write_file(path, parts)
 
 
 def _load(path: Path, namespace: str, spool: Path, model: Path) -> _Saved:
     """The saved file's header, its examples copied to ``spool`` and its model to ``model`` (``model_bytes`` 0 when
     it has none that can serve); ``BadFile`` naming the file when it cannot be used."""
     try:
-        data = path.read_bytes()
+        body = SAVED.read(path)
+    except FramingError as exc:
+        raise BadFile(str(exc)) from exc
     except OSError as exc:
         raise BadFile(f"{path}: cannot read: {exc}") from exc
-    if len(data) < len(MAGIC) + 2 * _LEN.size or not data.startswith(MAGIC):
-        raise BadFile(f"{path}: not a spec selector file")
-    (crc,) = _LEN.unpack(data[-_LEN.size:])
-    if zlib.crc32(memoryview(data)[:-_LEN.size]) != crc:
-        raise BadFile(f"{path}: checksum mismatch (truncated or damaged)")
-    at = len(MAGIC)
-    (n,) = _LEN.unpack(data[at:at + _LEN.size])
-    at += _LEN.size
+    if body.nbytes < _LEN.size:
+        raise BadFile(f"{path}: a body of {body.nbytes} bytes has no header")
+    (n,) = _LEN.unpack_from(body, 0)
+    at = _LEN.size
     try:
-        header = msgspec.json.decode(data[at:at + n], type=_Saved)
+        header = msgspec.json.decode(body[at:at + n], type=_Saved)
     except msgspec.DecodeError as exc:
         raise BadFile(f"{path}: bad header: {exc}") from exc
     at += n
-    if header.format != FORMAT:
-        raise BadFile(f"{path}: format {header.format}, this selector reads {FORMAT}")
     if header.namespace != namespace:
         raise BadFile(f"{path}: namespace {header.namespace!r}, not this run's {namespace!r}")
-    if at + header.examples_bytes + header.model_bytes + _LEN.size != len(data):
+    if at + header.examples_bytes + header.model_bytes != body.nbytes:
         raise BadFile(f"{path}: sizes in the header do not match the file")
-    spool.write_bytes(data[at:at + header.examples_bytes])
+    spool.write_bytes(body[at:at + header.examples_bytes])
     at += header.examples_bytes
     if header.model_bytes:
-        model.write_bytes(data[at:at + header.model_bytes])
+        model.write_bytes(body[at:at + header.model_bytes])
     return header
 
 
@@ -444,7 +429,7 @@ class SpecToolSelector:
             self._spooled += len(chunk)
         model = self._model
         model_bytes = (await asyncio.to_thread(os.path.getsize, model)) if model is not None else 0
-        header = _Saved(format=FORMAT, namespace=self.namespace, examples=self._spooled,
+        header = _Saved(namespace=self.namespace, examples=self._spooled,
                         examples_bytes=self._spool_bytes, model_examples=self._trained if model else 0,
                         model_bytes=model_bytes, classes=self._classes, sklearn=_sklearn_version(),
                         groups=list(self.groups))

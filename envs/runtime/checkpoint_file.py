@@ -1,6 +1,9 @@
-"""Checkpoint files of application state: magic, format version, length, payload, CRC-32.
+"""Checkpoint files of application state: a frame of ``envs/framing.py`` (magic ``BUNSHCKP``, format version 1,
+payload length, payload, CRC-32 of the payload).
 
-Owns: writing a checkpoint to a directory descriptor and mapping it back after verifying it.
+Owns: the checkpoint format, writing a checkpoint to a directory descriptor (not atomically: a checkpoint is read
+only once its writer has answered) and mapping it back after verifying it; ``CorruptCheckpoint``, the error of a
+checkpoint that does not verify (its ``__cause__`` is the framing error that says how).
 Must never: hand out a payload it could not verify; the error names the file.
 """
 
@@ -8,17 +11,14 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
-import zlib
 from collections.abc import Iterable
 
 from ..errors import EnvsError
+from ..framing import Checksum, Format, FramingError
 
 MAGIC = b"BUNSHCKP"
 VERSION = 1
-_HEADER = struct.Struct("<8sIQ")  # magic, version, payload length
-_TRAILER = struct.Struct("<I")  # crc32 of the payload
-_CHUNK = 8 << 20
+FORMAT = Format("checkpoint", MAGIC, VERSION, Checksum.CRC32)
 
 
 class CorruptCheckpoint(EnvsError, ValueError):
@@ -40,23 +40,7 @@ def write(dir_fd: int, path: str, parts: Iterable[bytes | memoryview]) -> int:
 
 def write_fd(fd: int, parts: Iterable[bytes | memoryview]) -> int:
     """Write a whole checkpoint to the open file ``fd`` (at its offset); returns the bytes written."""
-    views = [memoryview(p).cast("B") for p in parts]
-    length = sum(v.nbytes for v in views)
-    crc = 0
-    _write_all(fd, _HEADER.pack(MAGIC, VERSION, length))
-    for view in views:
-        for start in range(0, view.nbytes, _CHUNK):
-            chunk = view[start : start + _CHUNK]
-            crc = zlib.crc32(chunk, crc)
-            _write_all(fd, chunk)
-    _write_all(fd, _TRAILER.pack(crc))
-    return _HEADER.size + length + _TRAILER.size
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    return FORMAT.write_fd(fd, parts)
 
 
 def map_verified(dir_fd: int, path: str) -> tuple[mmap.mmap, memoryview]:
@@ -70,27 +54,7 @@ def map_verified(dir_fd: int, path: str) -> tuple[mmap.mmap, memoryview]:
 
 def map_verified_fd(fd: int, path: str) -> tuple[mmap.mmap, memoryview]:
     """As ``map_verified``, from an open descriptor (``path`` names the file in errors)."""
-    size = os.fstat(fd).st_size
-    if size < _HEADER.size + _TRAILER.size:
-        raise CorruptCheckpoint(f"checkpoint {path}: {size} bytes is shorter than its header")
-    mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    magic, version, length = _HEADER.unpack_from(mapping, 0)
-    if magic != MAGIC:
-        mapping.close()
-        raise CorruptCheckpoint(f"checkpoint {path}: bad magic {magic!r}")
-    if version != VERSION:
-        mapping.close()
-        raise CorruptCheckpoint(f"checkpoint {path}: format version {version}, this reader knows {VERSION}")
-    if _HEADER.size + length + _TRAILER.size != size:
-        mapping.close()
-        raise CorruptCheckpoint(f"checkpoint {path}: header says {length} payload bytes, file has {size}")
-    payload = memoryview(mapping)[_HEADER.size : _HEADER.size + length]
-    crc = 0
-    for start in range(0, length, _CHUNK):
-        crc = zlib.crc32(payload[start : start + _CHUNK], crc)
-    (expected,) = _TRAILER.unpack_from(mapping, _HEADER.size + length)
-    if crc != expected:
-        payload.release()
-        mapping.close()
-        raise CorruptCheckpoint(f"checkpoint {path}: checksum mismatch")
-    return mapping, payload
+    try:
+        return FORMAT.map_fd(fd, path)
+    except FramingError as exc:
+        raise CorruptCheckpoint(str(exc)) from exc
