@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from bunshin.envs.runtime.fork.backends import BACKENDS
+from bunshin.envs.runtime.fork.registry import BACKENDS
 
 from . import event_loop
 from .commands.flags import (

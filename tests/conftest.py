@@ -15,9 +15,12 @@ import pytest
 import pytest_asyncio
 import uvloop
 
-from bunshin.envs import AppSpec, Limits, WorkspaceRuntime
+from bunshin.envs import AppSpec, Limits, Workspace, WorkspaceRuntime
 from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.runtime import await_points
+from bunshin.envs.runtime.host_workspace import HostWorkspace
+from bunshin.envs.runtime.layers import DUMPS
+from bunshin.envs.runtime.protocol import Ping, Pong
 from bunshin.envs.webshop.suite import WebShopSuite
 
 HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
@@ -163,6 +166,19 @@ async def make_runtime(state_dir: Path, loop_watchdog: None) -> AsyncIterator[Ca
 @pytest_asyncio.fixture
 async def runtime(make_runtime: Callable[..., object]) -> WorkspaceRuntime:
     return await make_runtime()  # type: ignore[misc]
+
+
+def pool_layers(rt: WorkspaceRuntime) -> list[str]:
+    """The layers in the run's pool (not the dumps' tmpfs), sorted."""
+    return sorted(p.name for p in rt.layers.root.iterdir() if p.is_dir() and p.name != DUMPS)
+
+
+async def ping(ws: Workspace) -> Pong:
+    """Ask the workspace's host who it is (the protocol's ``Ping``): a check that it serves, and its pid."""
+    assert isinstance(ws, HostWorkspace)
+    reply = await ws.request(Ping())
+    ws.expect(reply, Pong)
+    return reply  # type: ignore[return-value]
 
 
 def cancel_at(task: asyncio.Future[object], name: str, occurrence: int = 1) -> await_points.Hook:

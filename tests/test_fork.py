@@ -7,7 +7,7 @@ import pytest
 from bunshin.envs import AppSpec, ForkFailed, RequestRefused, Snapshot, ToolCall, Workspace, WorkspaceRuntime
 from bunshin.envs.runtime.cgroups import Cgroup
 
-from .conftest import heap_app
+from .conftest import heap_app, pool_layers
 
 pytestmark = pytest.mark.asyncio
 
@@ -143,11 +143,11 @@ async def test_failed_fork_leaves_source_running_and_nothing_behind(make_runtime
     rt = await make_runtime(faults=[fault])
     source = await rt.create(heap_app())
     await put(source, "k", "v")
-    before_layers = set(rt.layers.names())
+    before_layers = set(pool_layers(rt))
     with pytest.raises(ForkFailed):
         await source.fork()
     assert await get(source, "k") == "'v'"
-    assert set(rt.layers.names()) == before_layers
+    assert set(pool_layers(rt)) == before_layers
     groups = sorted(p.name for p in rt.cgroup.path("memory").iterdir() if p.is_dir())
     assert groups == [f"ws-{source.id}"]
     assert list(rt.workspaces) == [source.id]

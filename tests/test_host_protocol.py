@@ -9,7 +9,7 @@ from bunshin.envs import RequestRefused, ToolCall, WorkspaceRuntime
 from bunshin.envs.runtime.channel import async_recv_frame, async_send_frame
 from bunshin.envs.runtime.protocol import Failed, Pong, reply_decoder
 
-from .conftest import heap_app
+from .conftest import heap_app, ping, pool_layers
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,7 +31,7 @@ async def test_message_the_host_does_not_understand_gets_a_typed_error(runtime: 
     ws = await runtime.create(heap_app())
     reply = await raw_request(ws, payload)
     assert isinstance(reply, Failed) and reply.kind == "bad_request", reply
-    pong = await ws.ping()
+    pong = await ping(ws)
     assert isinstance(pong, Pong) and pong.pid == ws.pid
 
 
@@ -75,7 +75,7 @@ async def test_bad_app_fails_start_with_its_error(runtime: WorkspaceRuntime) -> 
     with pytest.raises(WorkspaceStartFailed, match="No module named"):
         await runtime.create(AppSpec(target="no.such.module:App"))
     assert runtime.workspaces == {}
-    assert runtime.layers.names() == [runtime.image.lower]
+    assert pool_layers(runtime) == [runtime.image.lower]
 
 
 async def test_snapshot_refuses_tools_through_the_host_too(runtime: WorkspaceRuntime) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from bunshin.envs import Limits, ToolCall, Workspace, WorkspaceBroken, WorkspaceRuntime
 
-from .conftest import heap_app
+from .conftest import heap_app, ping
 
 pytestmark = pytest.mark.asyncio
 
@@ -63,7 +63,7 @@ async def test_agent_sees_only_its_own_processes(runtime: WorkspaceRuntime) -> N
     assert len(text.splitlines()) <= 5, text  # header, init, sh, ps
     code, text = await run(one, f"kill -0 {os.getpid()} 2>&1; kill -9 {two.pid} 2>&1; echo done")
     assert text.endswith("done") and "No such process" in text
-    assert (await two.ping()).pid == two.pid
+    assert (await ping(two)).pid == two.pid
 
 
 async def test_agent_network_is_loopback_only(runtime: WorkspaceRuntime) -> None:

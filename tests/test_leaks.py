@@ -14,7 +14,7 @@ import pytest
 from bunshin.envs import WorkspaceRuntime
 from bunshin.envs.runtime import await_points
 
-from .conftest import cancel_at, heap_app, host_processes, leftovers
+from .conftest import cancel_at, heap_app, host_processes, leftovers, ping, pool_layers
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,7 +23,7 @@ def consistent(rt: WorkspaceRuntime) -> None:
     """The runtime's registry, the cgroups and the layers all name the same workspaces."""
     ids = set(rt.workspaces)
     groups = {p.name.removeprefix("ws-") for p in rt.cgroup.path("memory").iterdir() if p.is_dir()}
-    layers = {n.removeprefix("ws-") for n in rt.layers.names() if n.startswith("ws-")}
+    layers = {n.removeprefix("ws-") for n in pool_layers(rt) if n.startswith("ws-")}
     assert groups == ids, (groups, ids)
     assert layers == ids, (layers, ids)
     for ws in rt.workspaces.values():
@@ -79,7 +79,7 @@ async def test_a_cancelled_restore_leaves_nothing_and_its_dump_goes_with_the_sou
     assert (await source.execute(ToolCall(name="shell", args={"cmd": "echo next"}))).output == "next\n"
     assert (await source.fork()).parent == source.id
     await source.close()
-    assert not os.listdir(rt.layers.root / "dumps") and not [n for n in rt.layers.names() if n.startswith("dump-")]
+    assert not os.listdir(rt.layers.root / "dumps") and not [n for n in pool_layers(rt) if n.startswith("dump-")]
 
 
 @pytest.mark.parametrize("point", CREATE_POINTS)
@@ -169,7 +169,7 @@ async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_st
         with pytest.raises(asyncio.CancelledError):
             await waiting
     assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo third"}))).output == "third\n"
-    assert (await ws.ping()).pid == ws.pid
+    assert (await ping(ws)).pid == ws.pid
 
 
 async def test_fork_cancelled_twice_still_leaves_nothing(runtime) -> None:

@@ -16,7 +16,7 @@ from bunshin.envs import AppSpec, Snapshot, ToolCall, WorkspaceRuntime
 from bunshin.envs.errors import ImageCorrupt, ImageFailed, WorkspaceStartFailed
 from bunshin.envs.runtime import await_points
 
-from .conftest import cancel_at, host_processes
+from .conftest import cancel_at, host_processes, pool_layers
 
 pytestmark = pytest.mark.asyncio
 APP = AppSpec(target="tests.apps.imaged:ImagedApp")  # a host counter and a worker with a token and a heap
@@ -50,13 +50,13 @@ async def observe(ws) -> tuple[object, ...]:
 def image_files(rt: WorkspaceRuntime) -> set[str]:
     """The images' files in the dumps tmpfs and their layers (not the restore backend's dumps)."""
     return ({n for n in os.listdir(rt.layers.root / "dumps") if n.startswith(("img-", "restore-"))}
-            | {n for n in rt.layers.names() if n.startswith("img-")})
+            | {n for n in pool_layers(rt) if n.startswith("img-")})
 
 
 def remains(rt: WorkspaceRuntime) -> tuple[object, ...]:
     """What the run holds: workspaces, cgroups, layers, images in the dumps tmpfs, host processes."""
     groups = sorted(p.name for p in rt.cgroup.path("memory").iterdir() if p.is_dir())
-    return (sorted(rt.workspaces), groups, rt.layers.names(), sorted(os.listdir(rt.layers.root / "dumps")),
+    return (sorted(rt.workspaces), groups, pool_layers(rt), sorted(os.listdir(rt.layers.root / "dumps")),
             sorted(host_processes()))
 
 
@@ -145,7 +145,7 @@ async def test_images_left_at_close_are_removed_and_discard_stays_idempotent(mak
     await source.close()  # an image outlives its workspace
     assert all(p.exists() for i in images for p in i.files)
     images[0].discard()
-    assert [n for n in rt.layers.names() if n.startswith("img-")] == [f"{images[1].name}.layer"]
+    assert [n for n in pool_layers(rt) if n.startswith("img-")] == [f"{images[1].name}.layer"]
     await rt.close()  # the leak check of make_runtime also runs after the test
     assert all(i.discarded for i in images)
     images[1].discard()

@@ -22,7 +22,7 @@ from bunshin.envs import (
 from bunshin.envs.runtime import await_points
 from bunshin.envs.workspace import deadline_s
 
-from .conftest import cancel_at
+from .conftest import cancel_at, pool_layers
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,7 +36,7 @@ def gone(rt: WorkspaceRuntime, ws_id: str, pid: int) -> list[str]:
         left.append("registered")
     if rt.cgroup.child(f"ws-{ws_id}").path("memory").exists():
         left.append("cgroup")
-    if f"ws-{ws_id}" in rt.layers.names():
+    if f"ws-{ws_id}" in pool_layers(rt):
         left.append("layer")
     try:
         os.kill(pid, 0)

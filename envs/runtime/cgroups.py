@@ -120,10 +120,6 @@ class Cgroup:
                 pass
         return sorted(pids)
 
-    def add(self, pid: int) -> None:
-        for d in self.dirs():
-            _write(d / "cgroup.procs", str(pid))
-
     def kill_all(self, timeout: float = 10.0) -> None:
         if not self.path("memory").exists():
             return

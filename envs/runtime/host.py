@@ -28,7 +28,6 @@ from typing import Any
 import msgspec
 
 from ..app import AppContext, ToolError, WorkspaceApp
-from ..errors import EnvsError
 from ..records import Observation
 from ..seeds import derive_seed
 from . import namespaces, rootfs, syscalls, workers
@@ -36,6 +35,7 @@ from .agents import Agents
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import checkpoint, clone, source
+from .fork.state import ForkState, InjectedFault
 from .protocol import (
     Checkpoint,
     Close,
@@ -58,76 +58,56 @@ from .protocol import (
 HOST_OOM_SCORE_ADJ = -500  # the OOM killer takes an agent's memory hog before the host
 
 
-class InjectedFault(EnvsError):
-    pass
-
-
 class Host:
+    """The host process's own part: building the workspace, serving, tools, workers, shutdown. What the fork,
+    checkpoint and restore steps share with it is ``self.state`` (``fork/state.py``)."""
+
     def __init__(self, sock: socket.socket, pool_fd: int, cgroup_fds: list[int], config: HostConfig):
-        self.sock = sock
         self.pool_path_fd = pool_fd  # O_PATH, keeps the detached pool mount alive
-        self.pool_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd)
-        self.cgroup_fds = cgroup_fds
-        self.config = config
-        self.ws_id = config.ws_id
-        self.frozen = False
-        self.state_version = 0
         self.own_pidns_fd = namespaces.open_ns("pid")  # the engine's PID namespace, shared by every host
-        self.layer_fd = -1
         app_cls = workers.load(config.app.target)
         if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
-        self.app: WorkspaceApp = app_cls(**config.app.kwargs)
-        self.agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds)
-        self.ctx = AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
-                              run_agent=self.agents.run, spawner=self.spawn_worker)
-        self.workers: list[workers.WorkerHandle] = []
-        self.restoring: tuple[str, int] | None = None  # (dump, worker images) while the app restores
-
-    # -- faults (named steps a test can make fail) ------------------------------------------------------------
-    def fault(self, name: str) -> None:
-        """A named step tests can break: ``name`` raises, ``name:exit`` exits, ``name:hang`` never returns."""
-        faults = self.config.faults
-        if name in faults:
-            raise InjectedFault(f"injected fault at {name}")
-        if f"{name}:exit" in faults:
-            os._exit(66)
-        if f"{name}:hang" in faults:
-            while True:
-                time.sleep(3600)
+        self.state_version = 0
+        agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds)
+        self.state = ForkState(
+            ws_id=config.ws_id, frozen=False, sock=sock,
+            pool_fd=os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd), layer_fd=-1,
+            cgroup_fds=cgroup_fds, config=config, app=app_cls(**config.app.kwargs),
+            ctx=AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
+                           run_agent=agents.run, spawner=self.spawn_worker),
+            agents=agents, workers=[])
 
     # -- start ------------------------------------------------------------------------------------------------
     def build(self) -> None:
         """Join the cgroup, enter fresh namespaces, assemble the root and pivot into it; then set up the app."""
         start = time.monotonic()
-        cfg = self.config
-        join_by_fds(self.cgroup_fds, cfg.cgroup_rel)
+        state = self.state
+        cfg = state.config
+        join_by_fds(state.cgroup_fds, cfg.cgroup_rel)
         try:  # lowering needs CAP_SYS_RESOURCE, which some sandboxes drop; agents are raised regardless
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(HOST_OOM_SCORE_ADJ))
         except PermissionError:
             pass
         namespaces.enter_new_workspace_namespaces(cfg.hostname)
-        os.fchdir(self.pool_fd)
-        self.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.pool_fd)
+        os.fchdir(state.pool_fd)
+        state.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
         rootfs.assemble_and_pivot(target=cfg.mount_target, lower=cfg.lower, layer=cfg.layer, frozen=False,
                                   image_binds=cfg.image_binds, runtime_binds=cfg.runtime_binds)
         namespaces.loopback_up()
         if cfg.restore_from is not None:
-            checkpoint.restore_app(self, cfg.restore_from, cfg.restore_workers)
+            checkpoint.restore_app(state, cfg.restore_from, cfg.restore_workers)
         else:
-            self.app.setup(self.ctx)
-        self.fault("start.after_setup")
-        self.reply(Ready(ws_id=self.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
+            state.app.setup(state.ctx)
+        state.fault("start.after_setup")
+        state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
 
     # -- serving ----------------------------------------------------------------------------------------------
-    def reply(self, message: Reply) -> None:
-        send_frame(self.sock, encoder.encode(message))
-
     def serve(self) -> None:
         while True:
             try:
-                body, fds = recv_frame(self.sock)
+                body, fds = recv_frame(self.state.sock)
             except ChannelClosed:
                 self.shutdown()
                 return
@@ -136,7 +116,7 @@ class Host:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 for fd in fds:
                     os.close(fd)
-                self.reply(Failed(kind="bad_request", message=f"cannot decode request: {exc}"))
+                self.state.reply(Failed(kind="bad_request", message=f"cannot decode request: {exc}"))
                 continue
             try:
                 reply = self.handle(request, fds)
@@ -147,7 +127,7 @@ class Host:
             except Exception as exc:  # one bad request never stops the host
                 traceback.print_exc()
                 reply = Failed(kind="internal", message=f"{type(exc).__name__}: {exc}")
-            self.reply(reply)
+            self.state.reply(reply)
             if isinstance(request, Close):
                 return
 
@@ -157,20 +137,19 @@ class Host:
                 os.close(fd)
         match request:
             case Execute(call=call, timeout_s=timeout_s):
-                if self.frozen:
-                    return Failed(kind="bad_request", message=f"{self.ws_id} is a snapshot: it runs no tools")
+                if self.state.frozen:
+                    return Failed(kind="bad_request", message=f"{self.state.ws_id} is a snapshot: it runs no tools")
                 return Executed(observation=self.execute(call.name, call.args, timeout_s))
             case Fork(clone=spec):
-                return source.fork(self, spec, fds)
+                return source.fork(self.state, spec, fds)
             case Checkpoint(path=path, layer=layer):
-                return checkpoint.write(self, path, layer)
+                return checkpoint.write(self.state, path, layer)
             case Ping():
                 return Pong(pid=os.getpid(), state_version=self.state_version)
             case Close():
                 self.shutdown()
                 return Closed()
         return Failed(kind="bad_request", message=f"unhandled request {type(request).__name__}")
-
     # -- tools ------------------------------------------------------------------------------------------------
     def execute(self, name: str, args: dict[str, Any], timeout_s: float) -> Observation:
         started = time.monotonic()
@@ -179,7 +158,7 @@ class Host:
             if name == "shell":
                 obs = self._shell(args, timeout_s)
             else:
-                tools = self.app.tools()
+                tools = self.state.app.tools()
                 if name not in tools:
                     raise ToolError(f"unknown tool {name!r} (available: {sorted(['shell', *tools])})")
                 obs = tools[name](args)
@@ -200,44 +179,47 @@ class Host:
         asked = args.get("timeout_s", timeout_s)
         if isinstance(asked, bool) or not isinstance(asked, int | float) or not 0 < asked < math.inf:
             raise ToolError(f"shell timeout_s must be a positive number, got {asked!r}")
-        return self.agents.run(cmd, min(float(asked), timeout_s))
+        return self.state.agents.run(cmd, min(float(asked), timeout_s))
 
     # -- workers ------------------------------------------------------------------------------------------------
     def spawn_worker(self, target: str, kwargs: dict[str, Any]) -> workers.WorkerHandle:
-        index = len(self.workers)
-        image = checkpoint.worker_image(self, index)  # restoring: the source's worker at this index, imaged
+        state = self.state
+        index = len(state.workers)
+        image = checkpoint.worker_image(state, index)  # restoring: the source's worker at this index, imaged
         try:
             handle = workers.spawn(
-                target, kwargs, index, self.ws_id, derive_seed(self.ctx.seed, "worker", index), self.cgroup_fds,
-                close_in_child=[self.sock.close, *(w.close for w in self.workers), self.agents.close_namespace_fd,
-                                *(f.close for f in self.ctx.files), *(s.close for s in self.ctx.sockets),
+                target, kwargs, index, state.ws_id, derive_seed(state.ctx.seed, "worker", index), state.cgroup_fds,
+                close_in_child=[state.sock.close, *(w.close for w in state.workers), state.agents.close_namespace_fd,
+                                *(f.close for f in state.ctx.files), *(s.close for s in state.ctx.sockets),
                                 *(lambda fd=fd: os.close(fd) for fd in self.private_fds())],
                 image=image,
             )
         finally:
             if image is not None:
                 os.close(image[0])
-        self.workers.append(handle)
+        state.workers.append(handle)
         return handle
 
     def private_fds(self) -> list[int]:
         """Descriptors of the host's that nothing it starts may keep: the pool, its layer, its PID namespace."""
-        return [fd for fd in (self.pool_fd, self.pool_path_fd, self.layer_fd, self.own_pidns_fd) if fd >= 0]
+        return [fd for fd in (self.state.pool_fd, self.pool_path_fd, self.state.layer_fd, self.own_pidns_fd)
+                if fd >= 0]
 
     def _agent_private_fds(self) -> list[int]:
-        return [self.sock.fileno(), *self.private_fds(), *(w.sock.fileno() for w in self.workers)]
+        return [self.state.sock.fileno(), *self.private_fds(), *(w.sock.fileno() for w in self.state.workers)]
 
     def shutdown(self) -> None:
-        for w in self.workers:
+        state = self.state
+        for w in state.workers:
             w.close()  # a worker exits when its socket closes
-        for w in self.workers:
+        for w in state.workers:
             try:
                 os.waitpid(w.pid, 0)  # ours if we spawned it; a clone's adopted workers are the engine's
             except ChildProcessError:
                 pass
-        self.agents.kill_all()
+        state.agents.kill_all()
         try:
-            self.app.close()
+            state.app.close()
         except Exception:
             pass
 

@@ -3,14 +3,17 @@
 Owns: naming workspaces, making and removing a workspace's cgroup, layer and mount point, spawning a first host
 through the nursery and handing it its configuration, waiting for a host's Ready (a first host, a clone, a
 restore), registering live workspaces, stopping a host that overran a deadline, and discarding a workspace whose
-host stopped serving. It implements ``WorkspaceServices`` for every ``Workspace`` of the run (images through the
-run's ``ImageFiles``, ``image_files.py``); fork backends are given a ``Hosts`` and nothing else of the run.
+host stopped serving, and the run's task scope (``tasks``: every workspace's in-flight exchange, teardown and
+discard, and the restore backend's dumps; the runtime closes it last). It implements ``WorkspaceServices`` for
+every ``HostWorkspace`` of the run (images through the run's ``ImageFiles``, ``image_files.py``); fork backends are
+given a ``Hosts`` and nothing else of the run.
 Must never: leave a half-started host, cgroup, layer or mount point behind when a start fails or is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
@@ -20,24 +23,23 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import StartTimeout, WorkspaceStartFailed
 from ..records import AppSpec, Limits
 from ..seeds import derive_seed
-from ..workspace import Workspace
 from . import await_points
 from .cgroups import AGENT_GROUP, Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
+from .fork.backends import ForkBackend
+from .host_workspace import HostSnapshot, HostWorkspace
 from .image import PreparedImage
 from .image_files import ImageFiles, WorkspaceImage
 from .layers import LayerStore
 from .nursery import Nursery
 from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
+from .task_scope import TaskScope, run_to_end
 
-if TYPE_CHECKING:
-    from .fork.backends import ForkBackend
-
+log = logging.getLogger(__name__)
 
 KILL_TIMEOUT_S = 60.0  # a killed process may take long to exit on a loaded machine (unmapping, writeback)
 
@@ -67,11 +69,12 @@ class Hosts:
         self.run = run
         self.limits = run.limits
         self.layers = run.layers
-        self.pool_fd = run.pool_fd
-        self.workspaces: dict[str, Workspace] = {}
+        self.workspaces: dict[str, HostWorkspace] = {}
+        # A failure of one of these tasks is raised to whoever awaits it (a request, a close, a fork); one whose
+        # awaiter was cancelled is only noted here.
+        self.tasks = TaskScope("hosts", on_error=lambda exc: log.debug("a background task of the run failed: %r", exc))
         self.backend = make_backend(self)
         self._counter = 0
-        self._discarding: set[asyncio.Future[None]] = set()
         self.images = ImageFiles(run.layers)  # durable images of workspaces (``Workspace.image``)
 
     # -- naming and remains ---------------------------------------------------------------------------------------
@@ -104,24 +107,19 @@ class Hosts:
             return ""
         return f"\n--- host log ---\n{text[-4000:]}" if text else ""
 
-    def register(self, ws: Workspace) -> None:
+    def register(self, ws: HostWorkspace) -> None:
         self.workspaces[ws.id] = ws
 
     # -- starting ------------------------------------------------------------------------------------------------
     async def start(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
                     restore_from: str | None = None, restore_workers: int = 0, parent: str | None = None,
-                    generation: int = 0,
-                    cls: type[Workspace] = Workspace) -> Workspace:
-        """Spawn a host on an existing layer and wait until it is ready; on any failure (cancellation too) undo
-        the cgroup, the layer, the mount point and the process."""
+                    generation: int = 0, frozen: bool = False) -> HostWorkspace:
+        """Spawn a host on an existing layer and wait until it is ready (a ``HostSnapshot`` when ``frozen``); on
+        any failure (cancellation too) undo the cgroup, the layer, the mount point and the process."""
         target = self.run.run_dir / "roots" / ws_id
-        making = asyncio.ensure_future(asyncio.to_thread(self._make_group_and_root, ws_id, target))
-        try:
-            group = await asyncio.shield(making)
-        except asyncio.CancelledError:
-            group = await making  # the thread runs on regardless; undo once it is done
-            await asyncio.to_thread(self.remove_remains, group, layer, ws_id)
-            raise
+        group = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
+            asyncio.to_thread(self._make_group_and_root, ws_id, target),
+            undo=lambda made: asyncio.to_thread(self.remove_remains, made, layer, ws_id))
         seed = derive_seed(self.run.seed, ws_id) if seed is None else seed
         engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         run = self.run
@@ -144,6 +142,7 @@ class Hosts:
             engine_end.setblocking(False)
             await async_send_frame(engine_end, encoder.encode(config))
             pid = await self.await_ready(ws_id, engine_end)
+            cls = HostSnapshot if frozen else HostWorkspace
             ws = cls(self, ws_id, pid=pid, sock=engine_end, cgroup=group, layer=layer, seed=seed, app=app,
                      parent=parent, generation=generation)
         except BaseException as exc:
@@ -187,28 +186,25 @@ class Hosts:
         await asyncio.to_thread(self.remove_remains, group, layer, ws_id)
 
     # -- WorkspaceServices ---------------------------------------------------------------------------------------
-    async def fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+    async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         return await self.backend.fork(source, seed=seed, frozen=frozen)
 
-    async def image(self, source: Workspace, name: str) -> WorkspaceImage:
+    async def image(self, source: HostWorkspace, name: str) -> WorkspaceImage:
         return await self.images.take(source, name)
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
         return await self.run.nursery.wait_exit(pid, timeout=timeout)
 
-    def stop(self, ws: Workspace) -> None:
+    def stop(self, ws: HostWorkspace) -> None:
         self._kill_if_running(ws.pid)
 
-    async def discard(self, ws: Workspace) -> None:
-        """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer. The runtime's
-        close waits for discards still running (a cancelled ``Workspace.close`` leaves one behind)."""
+    async def discard(self, ws: HostWorkspace) -> None:
+        """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer. A task of
+        ``tasks``: the runtime's close waits for discards still running (a cancelled ``close`` leaves one behind)."""
         self.workspaces.pop(ws.id, None)
-        task = asyncio.ensure_future(self._discard(ws))
-        self._discarding.add(task)
-        task.add_done_callback(self._discarding.discard)
-        await asyncio.shield(task)
+        await asyncio.shield(self.tasks.start_soon(self._discard(ws), name=f"discard {ws.id}"))
 
-    async def _discard(self, ws: Workspace) -> None:
+    async def _discard(self, ws: HostWorkspace) -> None:
         await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)
         self._kill_if_running(ws.pid)
         await self.run.nursery.wait_exit(ws.pid, timeout=10.0)
@@ -216,10 +212,11 @@ class Hosts:
         await asyncio.to_thread(self.remove_remains, ws.cgroup, ws.layer, ws.id)
         await self.backend.forget(ws)
 
-    async def wait_discards(self) -> None:
-        """Until every discard started so far has finished (their failures are theirs: reported by the caller)."""
-        while self._discarding:
-            await asyncio.gather(*list(self._discarding), return_exceptions=True)
+    async def aclose(self) -> None:
+        """Once every workspace is closed: wait until every task of the run (discards still running above all) has
+        finished, then close the scope (their failures are theirs: reported to their callers)."""
+        await self.tasks.join()
+        await self.tasks.aclose()
 
     def _kill_if_running(self, pid: int) -> None:
         """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""

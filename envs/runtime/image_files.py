@@ -17,26 +17,24 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import ImageCorrupt, ImageFailed, RequestRefused, WorkspaceStartFailed
-from ..records import AppSpec
-from ..workspace import Snapshot, Workspace
 from . import await_points, checkpoint_file
 from .fork.checkpoint import worker_path
+from .host_workspace import HostWorkspace
 from .layers import DUMPS, LayerStore
 from .protocol import Checkpoint, Checkpointed
-
-if TYPE_CHECKING:
-    from .hosts import Hosts
+from .task_scope import run_to_end
 
 Buffer = bytes | bytearray | memoryview
 # Fills an empty overlayfs upper directory; returns the image's parts when the caller passed none (so that one
 # ``CheckpointStore.read_node(node, target)`` gives both), else anything.
 FillLayer = Callable[[Path], Sequence[Buffer] | None]
+# Starts the restored workspace's host: (layer, its image file relative to the pool, worker images) -> the workspace.
+StartRestored = Callable[[str, str, int], Awaitable[HostWorkspace]]
 _LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
@@ -84,7 +82,7 @@ class ImageFiles:
     def live(self) -> list[str]:
         return sorted(self._live)
 
-    async def take(self, source: Workspace, name: str) -> WorkspaceImage:
+    async def take(self, source: HostWorkspace, name: str) -> WorkspaceImage:
         """Image ``source`` (a running workspace or a Snapshot). A cancelled call waits for the host to finish
         writing (the request cannot be taken back) and removes what it wrote."""
         if not _LABEL.fullmatch(name):
@@ -93,17 +91,9 @@ class ImageFiles:
         stem = f"img-{self._counter:04d}-{name}"
         with self._lock:
             self._live.add(stem)  # from the start: a run closing meanwhile removes what is written
-        making = asyncio.ensure_future(self._take(source, stem))
-        try:
-            return await asyncio.shield(making)
-        except asyncio.CancelledError:
-            while not making.done():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.shield(making)
-            await asyncio.shield(asyncio.to_thread(self.discard, stem))
-            raise
+        return await run_to_end(self._take(source, stem), undo=lambda _: asyncio.to_thread(self.discard, stem))
 
-    async def _take(self, source: Workspace, stem: str) -> WorkspaceImage:
+    async def _take(self, source: HostWorkspace, stem: str) -> WorkspaceImage:
         host_file = f"{stem}.bin"
         try:
             await await_points.reached("image.take.request")
@@ -152,34 +142,24 @@ def remove_files(dumps: Path, host_file: str) -> None:
                     os.unlink(dumps / name)
 
 
-async def restore(hosts: Hosts, app: AppSpec, parts: Sequence[Buffer] | None, fill_layer: FillLayer, *,
-                  seed: int | None, frozen: bool) -> Workspace:
-    """A new workspace (a Snapshot if ``frozen``) restored from ``parts`` (the host's image, then each worker's;
-    None: the ones ``fill_layer`` returns) and a layer whose upper tree ``fill_layer`` fills. See
+async def restore(layers: LayerStore, ws_id: str, parts: Sequence[Buffer] | None, fill_layer: FillLayer,
+                  start: StartRestored) -> HostWorkspace:
+    """A new workspace ``ws_id`` restored from ``parts`` (the host's image, then each worker's; None: the ones
+    ``fill_layer`` returns) and a layer whose upper tree ``fill_layer`` fills, its host started by ``start``. See
     ``WorkspaceRuntime.restore_image``."""
-    ws_id = hosts.new_id()
     layer, host_file = f"ws-{ws_id}", f"restore-{ws_id}.bin"
-    preparing = asyncio.ensure_future(asyncio.to_thread(_prepare, hosts.layers, ws_id, layer, host_file, parts,
-                                                        fill_layer))
+    await await_points.reached("image.restore.prepare")
+    workers = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
+        asyncio.to_thread(_prepare, layers, ws_id, layer, host_file, parts, fill_layer),
+        undo=lambda _: asyncio.to_thread(_undo, layers, layer, host_file))
     try:
-        await await_points.reached("image.restore.prepare")
-        workers = await asyncio.shield(preparing)
-    except asyncio.CancelledError:
-        while not preparing.done():  # the thread runs on regardless; undo once it is done
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(preparing)
-        if not preparing.cancelled() and preparing.exception() is None:
-            await asyncio.shield(asyncio.to_thread(_undo, hosts.layers, layer, host_file))
-        raise
-    try:
-        return await hosts.start(ws_id, layer, app, seed=seed, hostname=None, restore_from=f"{DUMPS}/{host_file}",
-                                 restore_workers=workers, cls=Snapshot if frozen else Workspace)
+        return await start(layer, f"{DUMPS}/{host_file}", workers)
     except WorkspaceStartFailed as exc:
         if "CorruptCheckpoint" in exc.detail and not isinstance(exc, ImageCorrupt):
             raise ImageCorrupt(ws_id, exc.detail) from exc  # checked by the host: e.g. the number of workers
         raise
     finally:
-        await asyncio.shield(asyncio.to_thread(remove_files, hosts.layers.path(DUMPS), host_file))
+        await asyncio.shield(asyncio.to_thread(remove_files, layers.path(DUMPS), host_file))
 
 
 def _prepare(layers: LayerStore, ws_id: str, layer: str, host_file: str, parts: Sequence[Buffer] | None,

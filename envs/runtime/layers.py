@@ -143,10 +143,6 @@ class LayerStore:
         finally:
             os.close(fd)
 
-    def names(self) -> list[str]:
-        """The layers in the pool (not the dumps' tmpfs)."""
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name != DUMPS)
-
 
 class LayersUnavailable(HostUnsupported):
     pass

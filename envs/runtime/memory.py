@@ -70,10 +70,6 @@ class RunMemory(msgspec.Struct, frozen=True, kw_only=True):
     engine: int = 0
     nursery: int = 0
 
-    @property
-    def pss_with_shmem(self) -> int:
-        return self.pss + self.shmem
-
 
 def run_memory(pids: Iterable[int], cgroup_charge: int, shmem: int, nursery_pid: int | None) -> RunMemory:
     """Read every process of the run (blocking: one smaps_rollup and status read per process)."""

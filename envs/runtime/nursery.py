@@ -25,6 +25,7 @@ from . import syscalls
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
 from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
+from .task_scope import TaskScope
 
 # -- the nursery process ------------------------------------------------------------------------------------------
 
@@ -127,7 +128,7 @@ class Nursery:
         self.pid = 0
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._tasks = TaskScope("nursery")  # its one task: the reader of the control socket
         self._replies: asyncio.Queue[NurserySpawned | NurseryFailed] = asyncio.Queue(maxsize=1)
         self._exits: dict[int, int] = {}
         self._waiters: dict[int, asyncio.Future[int]] = {}
@@ -154,7 +155,7 @@ class Nursery:
             await self.close()
             raise NurseryError(f"the nursery's first message was {type(hello).__name__}, not its pid")
         self.pid = hello.pid
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._tasks.start_soon(self._read(), name="nursery reader")
 
     async def _read(self) -> None:
         sock = self._control()
@@ -223,10 +224,7 @@ class Nursery:
 
     async def close(self) -> None:
         """Close the control socket; the nursery exits, and with it (parent-death signal) anything left."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-            self._reader = None
+        await self._tasks.aclose()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -1,8 +1,9 @@
 """A run's workspaces: the state directory, the layer pool, the parent cgroup, the base image, the nursery.
 
 Owns: starting and stopping a run (including the clean-up of runs whose engine died), creating first
-workspaces and workspaces restored from durable images (``image_files.py``), and the per-run memory figure. Everything about individual hosts (starting, watching, removing) is
-``Hosts``'s; forks are the backend's (``fork/``).
+workspaces and workspaces restored from durable images (``image_files.py``), and the per-run memory figure.
+Everything about individual hosts (starting, watching, removing) and the run's task scope is ``Hosts``'s; forks are
+the backend's (``fork/``, chosen in ``fork/registry.py``).
 Must never: leave a process, mount, cgroup or layer behind when ``close()`` returns, cancelled or not.
 """
 
@@ -19,16 +20,17 @@ from typing import Any
 
 from ..errors import HostUnsupported
 from ..records import AppSpec, Limits, MemoryStats
-from ..workspace import Workspace
 from . import await_points, image_files
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, remove_stale_runs, unregister
-from .fork.backends import check_backend, make_backend
+from .fork.registry import check_backend, make_backend
+from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
 from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
 from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
+from .task_scope import run_to_end
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
@@ -55,7 +57,7 @@ class WorkspaceRuntime:
         self._started = False
 
     @property
-    def workspaces(self) -> dict[str, Workspace]:
+    def workspaces(self) -> dict[str, HostWorkspace]:
         """Every live workspace of the run, by id."""
         return self.hosts.workspaces if self.hosts is not None else {}
 
@@ -127,7 +129,7 @@ class WorkspaceRuntime:
         if self.hosts is not None:
             for ws in list(self.hosts.workspaces.values()):
                 await step(ws.close())
-            await step(self.hosts.wait_discards())
+            await step(self.hosts.aclose())
             await step(asyncio.to_thread(self.hosts.images.discard_all))
         if hasattr(self, "nursery"):
             await step(self.nursery.close())
@@ -151,24 +153,19 @@ class WorkspaceRuntime:
         return self.hosts
 
     async def create(self, app: AppSpec | None = None, *, seed: int | None = None,
-                     hostname: str | None = None) -> Workspace:
+                     hostname: str | None = None) -> HostWorkspace:
         """Build a new workspace from the image and start its application."""
         hosts = self._hosts()
         ws_id = hosts.new_id()
         layer = f"ws-{ws_id}"
         await await_points.reached("runtime.create.layer")
-        making = asyncio.ensure_future(asyncio.to_thread(self.layers.create, layer))
-        try:
-            await asyncio.shield(making)
-        except asyncio.CancelledError:
-            await making  # the thread runs on regardless; undo only once it is done
-            await asyncio.to_thread(self.layers.delete, layer)
-            raise
+        await run_to_end(asyncio.to_thread(self.layers.create, layer),  # the thread runs on even if we are cancelled
+                         undo=lambda _: asyncio.to_thread(self.layers.delete, layer))  # and is undone once done
         return await hosts.start(ws_id, layer, app or AppSpec(), seed=seed, hostname=hostname)
 
     async def restore_image(self, app: AppSpec, parts: Sequence[image_files.Buffer] | None,
                             fill_layer: image_files.FillLayer, *, seed: int | None = None,
-                            frozen: bool = False) -> Workspace:
+                            frozen: bool = False) -> HostWorkspace:
         """A new workspace (a Snapshot if ``frozen``) restored from a durable image, whatever the run's fork backend
         (it forks with the run's backend afterwards).
 
@@ -179,7 +176,14 @@ class WorkspaceRuntime:
         is ready or has failed. Raises ImageCorrupt (a part fails its checks), WorkspaceStartFailed (``fill_layer``
         raised: it is the ``__cause__``; or the app could not restore); on any failure or cancellation nothing of
         the workspace is left."""
-        return await image_files.restore(self._hosts(), app, parts, fill_layer, seed=seed, frozen=frozen)
+        hosts = self._hosts()
+        ws_id = hosts.new_id()
+
+        async def start(layer: str, restore_from: str, workers: int) -> HostWorkspace:
+            return await hosts.start(ws_id, layer, app, seed=seed, hostname=None, restore_from=restore_from,
+                                     restore_workers=workers, frozen=frozen)
+
+        return await image_files.restore(hosts.layers, ws_id, parts, fill_layer, start)
 
     def memory(self) -> MemoryStats:
         """Every workspace of the run together (PSS summed over all their processes)."""

@@ -128,8 +128,9 @@ class Worker:
             return False
         try:
             reply = self.handle(worker_message_decoder.decode(body), fds)
-        except worker_fork.WorkerBecameClone:
-            return True  # this process is the worker's clone now, answering the clone's host
+        except worker_fork.WorkerBecameClone as became:
+            self.sock = became.sock  # this process is the worker's clone now, answering the clone's host
+            return True
         except Exception as exc:
             traceback.print_exc()
             reply = WorkerReply(error=f"{type(exc).__name__}: {exc}")
@@ -149,7 +150,7 @@ class Worker:
             case WorkerFork():
                 if len(fds) != 1:
                     return WorkerReply(error=f"fork needs exactly one descriptor, got {len(fds)}")
-                return worker_fork.fork(self, fds[0])
+                return worker_fork.fork(self.sock, fds[0], app=self.app, ctx=self.ctx, cgroup_fds=self.cgroup_fds)
             case WorkerCheckpoint():
                 if len(fds) != 1:
                     return WorkerReply(error=f"checkpoint needs exactly one descriptor, got {len(fds)}")

@@ -13,69 +13,66 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
 
 from ...app import WorkerError
 from .. import checkpoint_file
 from ..layers import snapshot_at
 from ..protocol import Checkpointed, Failed, Reply
-
-if TYPE_CHECKING:
-    from ..host import Host
+from .state import ForkState
 
 
 def worker_path(path: str, index: int) -> str:
     return f"{path}.w{index}"
 
 
-def write(host: Host, path: str, layer: str) -> Reply:
+def write(state: ForkState, path: str, layer: str) -> Reply:
     started = time.monotonic_ns()
-    agents = host.agents.running
+    agents = state.agents.running
     written = 0
     try:
-        host.agents.freeze()
-        host.app.before_fork(host.ctx)
-        for index, worker in enumerate(host.workers):
-            fd = checkpoint_file.create(host.pool_fd, worker_path(path, index))
+        state.agents.freeze()
+        state.app.before_fork(state.ctx)
+        for index, worker in enumerate(state.workers):
+            fd = checkpoint_file.create(state.pool_fd, worker_path(path, index))
             try:
                 written += worker.checkpoint(fd)
             except WorkerError as exc:
                 return Failed(kind="checkpoint", message=f"worker {index} could not image its state: {exc}")
             finally:
                 os.close(fd)
-        state = host.app.checkpoint()
+        state = state.app.checkpoint()
         parts = state if isinstance(state, list) else [state]
-        written += checkpoint_file.write(host.pool_fd, path, parts)
-        snapshot_at(host.pool_fd, host.layer_fd, layer, readonly=True)
+        written += checkpoint_file.write(state.pool_fd, path, parts)
+        snapshot_at(state.pool_fd, state.layer_fd, layer, readonly=True)
     finally:
         if agents:
-            host.agents.thaw()
-    return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started, workers=len(host.workers))
+            state.agents.thaw()
+    return Checkpointed(bytes_written=written, freeze_ns=time.monotonic_ns() - started, workers=len(state.workers))
 
 
-def restore_app(host: Host, path: str, workers: int) -> None:
+def restore_app(state: ForkState, path: str, workers: int) -> None:
     """At the start of a restoring host: the app's state from the dump at ``path`` (relative to the pool), with
     ``workers`` worker images beside it."""
-    host.restoring = (path, workers)
-    mapping, payload = checkpoint_file.map_verified(host.pool_fd, path)
+    state.restoring = (path, workers)
+    mapping, payload = checkpoint_file.map_verified(state.pool_fd, path)
     try:
-        host.app.restore(host.ctx, payload)
+        state.app.restore(state.ctx, payload)
     finally:
         payload.release()
         mapping.close()
-        host.restoring = None
-    if len(host.workers) != workers:
+        state.restoring = None
+    if len(state.workers) != workers:
         raise checkpoint_file.CorruptCheckpoint(
-            f"checkpoint {path}: the source had {workers} worker(s), the restored app spawned {len(host.workers)}")
+            f"checkpoint {path}: the source had {workers} worker(s), the restored app spawned {len(state.workers)}")
 
 
-def worker_image(host: Host, index: int) -> tuple[int, str] | None:
+def worker_image(state: ForkState, index: int) -> tuple[int, str] | None:
     """While restoring: the open image of the source's worker ``index`` (the caller closes it), else None."""
-    if host.restoring is None:
+    if state.restoring is None:
         return None
-    path, workers = host.restoring
+    path, workers = state.restoring
     if index >= workers:
         raise checkpoint_file.CorruptCheckpoint(
             f"checkpoint {path}: the restored app spawns worker {index}, the source had {workers}")
     name = worker_path(path, index)
-    return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=host.pool_fd), name
+    return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=state.pool_fd), name

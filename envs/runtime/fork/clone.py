@@ -14,54 +14,51 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
 
 from ...seeds import derive_seed
 from .. import image, namespaces, rootfs
 from ..cgroups import join_by_fds
 from ..protocol import CloneSpec, Ready
+from .state import ForkState
 from .worker import die_with
-
-if TYPE_CHECKING:
-    from ..host import Host
 
 
 class BecameClone(Exception):
     """Raised in a freshly forked clone to unwind the source's request handler back to the serve loop."""
 
 
-def become(host: Host, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
     started = time.monotonic()
-    host.sock.close()  # the source's channel; the clone answers on its own
-    host.sock = socket.socket(fileno=clone_fd)
+    state.sock.close()  # the source's channel; the clone answers on its own
+    state.sock = socket.socket(fileno=clone_fd)
     os.setsid()
-    die_with(host.config.reaper_pid)
-    join_by_fds(host.cgroup_fds, spec.cgroup_rel)
-    host.fault("clone.after_cgroup")
+    die_with(state.config.reaper_pid)
+    join_by_fds(state.cgroup_fds, spec.cgroup_rel)
+    state.fault("clone.after_cgroup")
     namespaces.enter_new_workspace_namespaces(spec.hostname)
-    os.fchdir(host.pool_fd)
-    layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=host.pool_fd)
-    rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=host.config.lower, layer=spec.layer,
-                              frozen=spec.frozen, image_binds=host.config.image_binds,
-                              runtime_binds=host.config.runtime_binds)
-    os.close(host.layer_fd)
-    host.layer_fd = layer_fd
-    host.agents.become_clones(spec.cgroup_rel)
-    host.ws_id, host.frozen = spec.ws_id, spec.frozen
-    host.ctx.ws_id = spec.ws_id
-    if host.workers:
+    os.fchdir(state.pool_fd)
+    layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
+    rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=state.config.lower, layer=spec.layer,
+                              frozen=spec.frozen, image_binds=state.config.image_binds,
+                              runtime_binds=state.config.runtime_binds)
+    os.close(state.layer_fd)
+    state.layer_fd = layer_fd
+    state.agents.become_clones(spec.cgroup_rel)
+    state.ws_id, state.frozen = spec.ws_id, spec.frozen
+    state.ctx.ws_id = spec.ws_id
+    if state.workers:
         pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
         try:
-            for w, end in zip(host.workers, worker_ends):
+            for w, end in zip(state.workers, worker_ends):
                 w.adopt(pidfd, end, ws_id=spec.ws_id, seed=derive_seed(spec.seed, "worker", w.index),
-                        cgroup_rel=spec.cgroup_rel, reaper_pid=host.config.reaper_pid, frozen=spec.frozen)
+                        cgroup_rel=spec.cgroup_rel, reaper_pid=state.config.reaper_pid, frozen=spec.frozen)
         finally:
             os.close(pidfd)
     if spec.frozen:
-        host.ctx.suspend_after_fork()
+        state.ctx.suspend_after_fork()
     else:
         namespaces.loopback_up()
-        host.ctx.reseed(spec.seed)
-        host.ctx.rebind_after_fork()
-        host.app.after_fork(host.ctx)
-    host.reply(Ready(ws_id=host.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started))
+        state.ctx.reseed(spec.seed)
+        state.ctx.rebind_after_fork()
+        state.app.after_fork(state.ctx)
+    state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started))

@@ -21,8 +21,10 @@ import socket
 import time
 
 from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
-from ...workspace import ForkTiming, Snapshot, Workspace
+from ...workspace import ForkTiming
 from .. import await_points
+from ..host_workspace import HostSnapshot, HostWorkspace
+from ..hosts import Hosts
 from ..protocol import CloneSpec, Fork, Forked
 from .backends import AllOrNothingFork, clone_seed
 
@@ -30,7 +32,10 @@ from .backends import AllOrNothingFork, clone_seed
 class CowFork(AllOrNothingFork):
     name = "cow"
 
-    async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+    def __init__(self, hosts: Hosts) -> None:
+        self.hosts = hosts
+
+    async def _fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         hosts = self.hosts
         started = time.monotonic()  # the same boundary as the restore backend's: the clone's cgroup is inside
         clone_id = hosts.new_id()
@@ -47,7 +52,7 @@ class CowFork(AllOrNothingFork):
                 clone_end.close()
             source.expect(reply, Forked)
             pid = await hosts.await_ready(clone_id, engine_end)
-            cls = Snapshot if frozen else Workspace
+            cls = HostSnapshot if frozen else HostWorkspace
             clone = cls(hosts, clone_id, pid=pid, sock=engine_end, cgroup=group, layer=spec.layer, seed=spec.seed,
                         app=source.app_spec, parent=source.id, generation=source.generation + 1)
             clone.last_fork = ForkTiming(freeze_s=reply.freeze_ns / 1e9,  # type: ignore[union-attr]

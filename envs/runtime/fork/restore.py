@@ -1,12 +1,13 @@
 """The private-restore baseline, engine side: what a CRIU-like system does instead of a live fork.
 
 The source's host dumps every process of the workspace (``checkpoint.py``: the host's and each worker's state
-image, in the pool's tmpfs ``dumps/``) and snapshots its files beside them, once per state of the source: a dump is restored as many times as the
-source is forked before its next tool call (CRIU restores one image many times). A restore starts a fresh host on
+image, in the pool's tmpfs ``dumps/``) and snapshots its files beside them, once per state of the source: a dump is
+restored as many times as the source is forked before its next tool call (CRIU restores one image many times). A restore starts a fresh host on
 a copy of those files, which reads the images back into private memory and starts the workers from theirs.
 Nothing is shared with the source and nothing is recomputed: this is what the live fork is measured against.
 Owns: the dumps (one per source state, reference-counted by the restores reading them, removed when the source
-changes, closes, or the dump fails) and the restore sequence.
+changes, closes, or the dump fails; each written by a task of the run's scope, ``Hosts.tasks``, which every fork of
+that state awaits) and the restore sequence.
 Must never: leave a dump's files or layer behind, or restore a dump of a state the source has left.
 """
 
@@ -17,18 +18,16 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
-from ...workspace import ForkTiming, Snapshot, Workspace
+from ...workspace import ForkTiming
 from .. import await_points
+from ..host_workspace import HostWorkspace
+from ..hosts import Hosts
 from ..layers import DUMPS
 from ..protocol import Checkpoint, Checkpointed
 from .backends import AllOrNothingFork, clone_seed
 from .checkpoint import worker_path
-
-if TYPE_CHECKING:
-    from ..hosts import Hosts
 
 
 @dataclass
@@ -51,10 +50,10 @@ class PrivateRestore(AllOrNothingFork):
     name = "restore"
 
     def __init__(self, hosts: Hosts) -> None:
-        super().__init__(hosts)
-        self._dumps: dict[str, tuple[Dump, asyncio.Future[Dump]]] = {}  # source id -> its latest dump
+        self.hosts = hosts
+        self._dumps: dict[str, tuple[Dump, asyncio.Task[Dump]]] = {}  # source id -> its latest dump
 
-    async def _fork(self, source: Workspace, *, seed: int | None, frozen: bool) -> Workspace:
+    async def _fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         hosts = self.hosts
         started = time.monotonic()
         dump, made = await self._dump_of(source)
@@ -65,7 +64,7 @@ class PrivateRestore(AllOrNothingFork):
             clone = await hosts.start(clone_id, layer, source.app_spec, seed=clone_seed(source, seed),
                                       hostname=None, restore_from=dump.path, restore_workers=dump.workers,
                                       parent=source.id, generation=source.generation + 1,
-                                      cls=Snapshot if frozen else Workspace)
+                                      frozen=frozen)
         except WorkspaceStartFailed as exc:
             raise ForkFailed(source.id, f"restore into {clone_id} failed: {exc.detail}") from exc
         finally:
@@ -74,7 +73,7 @@ class PrivateRestore(AllOrNothingFork):
                                      dump_reused=not made)
         return clone
 
-    async def _dump_of(self, source: Workspace) -> tuple[Dump, bool]:
+    async def _dump_of(self, source: HostWorkspace) -> tuple[Dump, bool]:
         """The dump of the source's current state, held for reading (``_release`` it), and whether this call
         made it. Concurrent forks of one state share one dump."""
         entry = self._dumps.get(source.id)
@@ -83,7 +82,7 @@ class PrivateRestore(AllOrNothingFork):
             stale = entry
             name = f"dump-{source.id}-{source.calls}"
             dump = Dump(path=f"{DUMPS}/{name}.bin", layer=f"{name}.layer", calls=source.calls)
-            entry = (dump, asyncio.ensure_future(self._write(source, dump)))
+            entry = (dump, self.hosts.tasks.start_soon(self._write(source, dump), name=f"dump {name}"))
             self._dumps[source.id] = entry  # before any await: a concurrent fork of this state finds it
             if stale is not None:
                 await self._retire(stale[0])
@@ -103,7 +102,7 @@ class PrivateRestore(AllOrNothingFork):
         if dump.retired and dump.readers == 0:
             await asyncio.shield(asyncio.to_thread(self._remove, dump))
 
-    async def _write(self, source: Workspace, dump: Dump) -> Dump:
+    async def _write(self, source: HostWorkspace, dump: Dump) -> Dump:
         try:
             await await_points.reached("fork.restore.checkpoint")
             reply = await source.request(Checkpoint(path=dump.path, layer=dump.layer))
@@ -117,7 +116,7 @@ class PrivateRestore(AllOrNothingFork):
         dump.freeze_s = reply.freeze_ns / 1e9  # type: ignore[union-attr]
         return dump
 
-    async def forget(self, source: Workspace) -> None:
+    async def forget(self, source: HostWorkspace) -> None:
         """The source closed: its dump goes once no restore reads it."""
         entry = self._dumps.pop(source.id, None)
         if entry is not None:

@@ -16,19 +16,16 @@ import gc
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
 
 from ..channel import send_frame
 from ..layers import snapshot_at
 from ..protocol import CloneSpec, Failed, Forked, Reply, encoder
 from . import clone
-
-if TYPE_CHECKING:
-    from ..host import Host
+from .state import ForkState
 
 
-def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
-    """Fork ``host``'s workspace live into ``spec``; ``fds`` carries the clone's end of its engine socket."""
+def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
+    """Fork the workspace of ``state`` live into ``spec``; ``fds`` carries the clone's end of its engine socket."""
     if len(fds) != 1:
         for fd in fds:
             os.close(fd)
@@ -38,15 +35,15 @@ def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
     worker_ends: list[socket.socket] = []
     agents_frozen = gc_frozen = False
     try:
-        agents_frozen = host.agents.running  # before the call: a freeze that times out is undone
-        host.agents.freeze()
-        host.app.before_fork(host.ctx)
-        for w in host.workers:
+        agents_frozen = state.agents.running  # before the call: a freeze that times out is undone
+        state.agents.freeze()
+        state.app.before_fork(state.ctx)
+        for w in state.workers:
             w.before_fork()
-        host.fault("fork.before_snapshot")
-        snapshot_at(host.pool_fd, host.layer_fd, spec.layer, readonly=spec.frozen)
-        host.fault("fork.after_snapshot")
-        for w in host.workers:  # each worker forks itself; its clone waits on the end we keep for ours
+        state.fault("fork.before_snapshot")
+        snapshot_at(state.pool_fd, state.layer_fd, spec.layer, readonly=spec.frozen)
+        state.fault("fork.after_snapshot")
+        for w in state.workers:  # each worker forks itself; its clone waits on the end we keep for ours
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             worker_ends.append(ours)
             try:
@@ -55,7 +52,7 @@ def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
                 theirs.close()
         gc.freeze()
         gc_frozen = True
-        host.fault("fork.before_fork")
+        state.fault("fork.before_fork")
         pid = os.fork()
     except BaseException:
         os.close(clone_fd)
@@ -64,16 +61,16 @@ def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
         if gc_frozen:
             gc.unfreeze()
         if agents_frozen:
-            host.agents.thaw()
+            state.agents.thaw()
         raise
     if pid == 0:
-        intermediate(host, spec, clone_fd, worker_ends)  # returns only in the clone
+        intermediate(state, spec, clone_fd, worker_ends)  # returns only in the clone
         raise clone.BecameClone
     os.close(clone_fd)
     for end in worker_ends:
         end.close()
     if agents_frozen:
-        host.agents.thaw()
+        state.agents.thaw()
     gc.unfreeze()  # the source collects as before; only the clone keeps the heap out of the collector's way
     _, status = os.waitpid(pid, 0)
     frozen_for = time.monotonic_ns() - started
@@ -82,7 +79,7 @@ def fork(host: Host, spec: CloneSpec, fds: list[int]) -> Reply:
     return Forked(freeze_ns=frozen_for)
 
 
-def intermediate(host: Host, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+def intermediate(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
     """Fork once more and exit, so the clone is orphaned onto the run's nursery (a child subreaper), not onto the
     source. Returns only in the clone, once it is ready."""
     try:
@@ -91,7 +88,7 @@ def intermediate(host: Host, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     except BaseException:
         os._exit(70)
     try:
-        clone.become(host, spec, clone_fd, worker_ends)
+        clone.become(state, spec, clone_fd, worker_ends)
     except BaseException as exc:
         try:
             send_frame(socket.socket(fileno=clone_fd),

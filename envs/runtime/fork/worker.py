@@ -18,44 +18,51 @@ import signal
 import socket
 import time
 import traceback
-from typing import TYPE_CHECKING
 
+from ...app import AppContext, WorkerApp
 from .. import syscalls
 from ..cgroups import join_by_fds
 from ..channel import recv_frame, send_frame
 from ..protocol import WorkerAdopt, WorkerReply, encoder, worker_message_decoder
 
-if TYPE_CHECKING:
-    from ..workers import Worker
-
 _NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
 
 
 class WorkerBecameClone(Exception):
-    """Raised in a worker's fresh clone to unwind the source worker's request handler back to its serve loop."""
+    """Raised in a worker's fresh clone to unwind the source worker's request handler back to its serve loop;
+    ``sock`` is the clone's channel to its own host, which the serve loop answers from now on."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__("this process is the worker's clone")
+        self.sock = sock
 
 
-def fork(worker: Worker, clone_end: int) -> WorkerReply:
+def fork(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppContext, cgroup_fds: list[int]) -> WorkerReply:
+    """Fork the worker serving the host on ``sock``; in the source, the reply to the host. In the clone it raises
+    ``WorkerBecameClone`` once the clone is in its workspace."""
     pid = os.fork()
     if pid == 0:
         try:
             if os.fork() != 0:
                 os._exit(0)
-            become(worker, clone_end)
+            clone_sock = become(sock, clone_end, app=app, ctx=ctx, cgroup_fds=cgroup_fds)
         except BaseException:
             traceback.print_exc()
             os._exit(71)
-        raise WorkerBecameClone
+        raise WorkerBecameClone(clone_sock)
     os.close(clone_end)
     _, status = os.waitpid(pid, 0)
     return WorkerReply(error=None if status == 0 else f"fork intermediate status {status:#x}")
 
 
-def become(worker: Worker, clone_end: int) -> None:
-    worker.sock.close()  # the source host's end: never ours again
-    worker.sock = socket.socket(fileno=clone_end)
+def become(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppContext,
+           cgroup_fds: list[int]) -> socket.socket:
+    """In the worker's clone: wait for the clone host's ``WorkerAdopt``, move into its workspace and answer; the
+    clone's channel (on ``clone_end``)."""
+    sock.close()  # the source host's end: never ours again
+    sock = socket.socket(fileno=clone_end)
     os.setsid()
-    body, fds = recv_frame(worker.sock)  # waits until the clone's host has built its workspace
+    body, fds = recv_frame(sock)  # waits until the clone's host has built its workspace
     adopt = worker_message_decoder.decode(body)
     if not isinstance(adopt, WorkerAdopt) or len(fds) != 1:
         raise RuntimeError(f"a worker's clone expected WorkerAdopt with one pidfd, got {type(adopt).__name__} "
@@ -63,16 +70,17 @@ def become(worker: Worker, clone_end: int) -> None:
     syscalls.setns(fds[0], _NAMESPACES)
     os.close(fds[0])
     os.chdir("/")
-    join_by_fds(worker.cgroup_fds, adopt.cgroup_rel)
+    join_by_fds(cgroup_fds, adopt.cgroup_rel)
     die_with(adopt.reaper_pid)
-    worker.ctx.ws_id = adopt.ws_id
+    ctx.ws_id = adopt.ws_id
     if adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
-        worker.ctx.suspend_after_fork()
+        ctx.suspend_after_fork()
     else:
-        worker.ctx.reseed(adopt.seed)
-        worker.ctx.rebind_after_fork()
-        worker.app.after_fork(worker.ctx)
-    send_frame(worker.sock, encoder.encode(WorkerReply(value=os.getpid())))
+        ctx.reseed(adopt.seed)
+        ctx.rebind_after_fork()
+        app.after_fork(ctx)
+    send_frame(sock, encoder.encode(WorkerReply(value=os.getpid())))
+    return sock
 
 
 def die_with(reaper_pid: int) -> None:

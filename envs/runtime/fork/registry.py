@@ -1,0 +1,34 @@
+"""The fork backends of this project, by name: the one module that knows every backend (``bunshin doctor`` says
+which can run here).
+
+- ``cow`` (``cow.py``): the userspace live fork. No application memory is copied: clones share every page they do
+  not write, and files through btrfs snapshots of the source's writable layer.
+- ``restore`` (``restore.py``): the private-restore baseline. The source dumps every process's state once per
+  state; fresh hosts read the dump back into private memory, as CRIU's restore does.
+
+Owns: ``BACKENDS`` (the names), checking a name, and making a run's backend. A new backend is a module of this
+package implementing ``ForkBackend`` (``backends.py``), listed here.
+Must never: be imported by a backend (they depend on ``backends.py`` only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..hosts import Hosts
+from .backends import ForkBackend
+from .cow import CowFork
+from .restore import PrivateRestore
+
+_MAKERS: dict[str, Callable[[Hosts], ForkBackend]] = {"cow": CowFork, "restore": PrivateRestore}
+BACKENDS = tuple(_MAKERS)
+
+
+def check_backend(name: str) -> str:
+    if name not in _MAKERS:
+        raise ValueError(f"unknown fork backend {name!r} (known: {', '.join(BACKENDS)})")
+    return name
+
+
+def make_backend(name: str, hosts: Hosts) -> ForkBackend:
+    return _MAKERS[check_backend(name)](hosts)
