@@ -7,18 +7,20 @@ workspace, shared pages counted once), so the arithmetic is tested without a run
 nursery) reads every process's smaps, so it runs in a thread at its own, slower interval; its samples are kept as
 a timeline with each field's peak. ``window(t0, t1)`` gives the peak and the integral of a part of the run (an
 epoch of a benchmark), its ends interpolated on the timeline; ``elapsed()`` is the meter's clock for its bounds.
+Its two readers are tasks of its own ``TaskScope``, from ``start()`` to ``stop()``.
 Must never: block the event loop for long (the main reading is one small file read) or outlive ``stop()``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from bunshin.envs.runtime.task_scope import TaskScope
 
 GiB = 1 << 30
 
@@ -33,7 +35,7 @@ class MemoryMeter:
         self.peak_bytes = 0
         self.gib_s = 0.0
         self._started = clock()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._readers: TaskScope | None = None  # from start() to stop()
 
     def now(self) -> int:
         return self.reading()
@@ -102,19 +104,15 @@ class MemoryMeter:
 
     def start(self) -> None:
         self._started = self.clock()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run())]
+        self._readers = readers = TaskScope("memory-meter")
+        readers.start_soon(self._run(), name="memory-meter")
         if self.detail is not None:
-            self._tasks.append(loop.create_task(self._run_detail(self.detail)))
+            readers.start_soon(self._run_detail(self.detail), name="memory-meter-detail")
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if tasks:
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            await readers.aclose()
             self.sample()
             if self.detail is not None:  # a last detailed reading: a run shorter than its interval has one too
                 self.add_detail(await asyncio.to_thread(self.detail))

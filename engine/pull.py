@@ -17,7 +17,8 @@ Oldest-first: among the finished, the lowest starting version first, then the or
 ``whole_groups`` (the default, as GRPO needs) a group is handed out only whole, when its last sample has ended.
 Nothing waits for an unfinished rollout once enough are ready.
 
-Owns: ``RunAhead`` and ``Puller`` (the async shell: the producer task, the finished buffer, ``get_batch``).
+Owns: ``RunAhead`` and ``Puller`` (the async shell: the producer task, in a ``TaskScope`` that ``close`` ends, with
+the groups it starts in its ``TaskGroup``; the finished buffer; ``get_batch``).
 Must never: start a rollout the rule forbids, hand out a rollout twice or lose a finished one (a rollout ends exactly
 once: ok or a failure status, as in ``stream``), or split a group in ``whole_groups`` mode.
 """
@@ -27,15 +28,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
 
+from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.policies.base import ServerConfigError
 
 from .errors import EngineError, first_exception
 from .records import RolloutRequest, RolloutResult, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class PullError(EngineError):
@@ -100,6 +105,8 @@ class Puller:
         self._exhausted = False  # the source gave its last request
         self._waiters: set[asyncio.Future[None]] = set()  # woken when anything a waiter checks has changed
         self._group_size: int | None = None
+        # the producer, whose failure ``get_batch`` raises
+        self._scope = TaskScope("bunshin-pull", on_error=lambda exc: log.debug("the pull's producer ended: %r", exc))
         self._task: asyncio.Task[None] | None = None
         first = next(self.source, None)  # a look at the first request: the group size is known from the start
         if first is not None:
@@ -108,7 +115,7 @@ class Puller:
 
     # -- the producer ---------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._produce(), name="bunshin-pull")
+        self._task = self._scope.start_soon(self._produce(), name="bunshin-pull")
 
     async def _produce(self) -> None:
         async with asyncio.TaskGroup() as groups:
@@ -231,14 +238,5 @@ class Puller:
 
     async def close(self) -> None:
         """Stop starting groups and cancel the running ones (finished ones stay in the buffer)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-            except Exception:
-                pass  # a failed producer's error was (or would have been) raised by get_batch
+        self._task = None
+        await self._scope.aclose()  # a failed producer's error was (or would have been) raised by get_batch

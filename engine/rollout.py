@@ -10,6 +10,11 @@ pile up; results go through a bounded queue (a consumer that reads slowly holds 
 letting them pile up). Tool calls go through one seam, ``execute_call``, where the prefix tree and speculation plug in.
 A model server that is not set up for the policy (``ServerConfigError``: the policy's ``check()`` at start, or the
 first decision) ends the run with that one error, the other rollouts cancelled, instead of failing every rollout.
+Its tasks: a group's samples run in a TaskGroup, a run's groups in another; each ``stream``'s producer is a task of
+the engine's stream scope (a ``TaskScope``), which closing the engine ends. ``async with`` enters one
+``AsyncExitStack``: what ``__aenter__`` starts pushes its close (the runtime, the meter, the prefix cache, the
+speculator, the streams, the pull), and ``__aexit__`` (or a failed ``__aenter__``) closes them in reverse order,
+every one even when one before it failed.
 Must never: leave a workspace behind: every path (failure, timeout, cancellation of ``run`` or of a ``stream``
 consumer) closes what it made; ``async with`` closes the runtime.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -29,6 +35,7 @@ import msgspec
 from bunshin.envs import Limits, WorkspaceRuntime, derive_seed
 from bunshin.envs.records import Observation, ToolCall
 from bunshin.envs.runtime import await_points
+from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
 from bunshin.policies.base import Policy, ServerConfigError
@@ -48,6 +55,11 @@ from .speculation.settings import SpecSettings
 from .speculation.speculator import Speculator
 
 Finish = Callable[[Trajectory], Any]
+log = logging.getLogger(__name__)
+
+
+def _producer_failed(exc: BaseException) -> None:  # raised to the stream's consumer, if it is still there
+    log.debug("a rollout stream's producer ended with %r", exc)
 
 
 class RolloutEngine:
@@ -82,7 +94,8 @@ class RolloutEngine:
         self.tasks: dict[str, SuiteTask] = {}
         self._roots: dict[bytes, Workspace] = {}
         self._roots_lock = asyncio.Lock()
-        self._streams: set[asyncio.Future[None]] = set()
+        self._streams = TaskScope("rollout-streams", on_error=_producer_failed)  # each stream's producer
+        self._exit: contextlib.AsyncExitStack | None = None  # what __aenter__ started, closed by __aexit__
         self.gate: AdmissionGate | None = None
         self.prefix = prefix
         self.prefix_cache: PrefixCache | None = None
@@ -96,6 +109,8 @@ class RolloutEngine:
     # -- life cycle -------------------------------------------------------------------------------------------
     async def __aenter__(self) -> RolloutEngine:
         await self.runtime.start()
+        stack = contextlib.AsyncExitStack()
+        stack.push_async_callback(self.runtime.close)  # callbacks run last pushed, first: the runtime closes last
         try:
             await self.policy.check()  # a model server that is not there or not set up fails the run here
             self.tasks = {t.id: t for t in await asyncio.to_thread(self.suite.tasks)}
@@ -103,23 +118,32 @@ class RolloutEngine:
                                      detail=self.runtime.memory_detail if self.memory_detail_s else None,
                                      detail_interval_s=self.memory_detail_s or 1.0)
             self.meter.start()
+            stack.push_async_callback(self.meter.stop)
             self.gate = AdmissionGate(Admission(self.concurrency, self.memory_budget, memory=self.meter.now,
                                                 clock=time.monotonic))
             if self.prefix is not None:
                 self.prefix_cache = PrefixCache(self.prefix, self.suite, self._make_base,
                                                 call_timeout_s=self.settings.call_timeout_s,
                                                 restore=self.runtime.restore_image)
+                stack.push_async_callback(self._close_cache)
                 await self.prefix_cache.open(list(self.tasks.values()))
             if self.speculation is not None:
                 self.speculator = Speculator(self.speculation, self.suite, self.meter.now)
+                stack.push_async_callback(self._close_speculator)
                 history = self.prefix_cache.history() if self.prefix_cache is not None else ()
                 await self.speculator.open(list(self.tasks.values()), history)
+            stack.push_async_callback(self._streams.aclose)  # streams whose consumer left without closing them
+            stack.push_async_callback(self._close_puller)
         except BaseException:
-            await self._close_speculator()
-            await self._close_cache()
-            await self.runtime.close()
+            await stack.aclose()
             raise
+        self._exit = stack
         return self
+
+    async def _close_puller(self) -> None:
+        puller, self._puller = self._puller, None
+        if puller is not None:
+            await puller.close()
 
     async def _close_speculator(self) -> None:
         speculator, self.speculator = self.speculator, None
@@ -132,23 +156,9 @@ class RolloutEngine:
             await cache.close()
 
     async def __aexit__(self, *exc: object) -> None:
-        puller, self._puller = self._puller, None
-        if puller is not None:
-            await puller.close()
-        for producer in self._streams:  # streams whose consumer left without closing them
-            producer.cancel()
-        await asyncio.gather(*self._streams, return_exceptions=True)
-        try:
-            try:
-                try:
-                    await self._close_speculator()
-                finally:
-                    await self._close_cache()
-            finally:
-                if hasattr(self, "meter"):
-                    await self.meter.stop()
-        finally:
-            await self.runtime.close()
+        stack, self._exit = self._exit, None
+        if stack is not None:
+            await stack.aclose()
 
     def requests(self, task_ids: Iterable[str] | None = None, *, limit: int | None = None, group_size: int = 1,
                  seed: int = 0) -> list[RolloutRequest]:
@@ -172,15 +182,13 @@ class RolloutEngine:
         requests = list(requests)
         total = sum(len(r.sample_indices()) for r in requests)  # BadRequest before anything starts
         queue: asyncio.Queue[RolloutResult] = asyncio.Queue(maxsize=max(1, self.concurrency))
-        producer = asyncio.ensure_future(self._produce(requests, queue))
-        self._streams.add(producer)
+        producer = self._streams.start_soon(self._produce(requests, queue), name="rollout-stream")
         try:
             for _ in range(total):
                 yield await self._next(queue, producer)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-            self._streams.discard(producer)
 
     # -- pull mode --------------------------------------------------------------------------------------------------
     def set_policy_version(self, version: int) -> None:
@@ -236,13 +244,12 @@ class RolloutEngine:
             if producer.done():
                 producer.result()  # raises what ended it
                 raise EngineError("the rollout producer ended before every result was delivered")
-            getting = asyncio.ensure_future(queue.get())
-            try:
+            async with asyncio.TaskGroup() as waiting:  # the get ends with this block: taken, or cancelled
+                getting = waiting.create_task(queue.get())
                 await asyncio.wait([getting, producer], return_when=asyncio.FIRST_COMPLETED)
-            finally:
                 if not getting.done():
                     getting.cancel()
-            if getting.done() and not getting.cancelled():
+            if not getting.cancelled():
                 return getting.result()
 
     async def _produce(self, requests: list[RolloutRequest], queue: asyncio.Queue[RolloutResult]) -> None:

@@ -27,7 +27,6 @@ closed in ``finally``, cancellation included).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from bunshin.envs.errors import EnvsError
 from bunshin.envs.records import Limits
+from bunshin.envs.runtime.task_scope import run_to_end
 from bunshin.envs.suites.registry import get_suite
 
 from .gym import find_task
@@ -101,12 +101,8 @@ class BunshinAgentLoop(AgentLoopBase):
         try:
             return await self._rollout(session, episode, spec, sampling_params, kwargs)
         finally:
-            closing = asyncio.ensure_future(POOL.arelease(key, session, episode))
-            try:
-                await asyncio.shield(closing)
-            except asyncio.CancelledError:
-                await closing  # a cancelled rollout still waits for its workspace to be gone, then is cancelled
-                raise
+            # a cancelled rollout still waits for its workspace to be gone, then is cancelled
+            await run_to_end(POOL.arelease(key, session, episode))
 
     async def _rollout(self, session: TaskSession, episode: str, spec: dict[str, Any],
                        sampling_params: dict[str, Any], row: dict[str, Any]) -> AgentLoopOutput:

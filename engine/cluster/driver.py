@@ -7,7 +7,9 @@ status polled every ``status_interval_s``), the batch's ``Ledger`` and the sched
 (with ``Trajectory.attempts``); a node that dies puts its undelivered samples back to wait, in front, and they run
 again elsewhere with the same request (so the same seeds); with no node left they end as ``Status.NODE_LOST``.
 ``requests``, ``stream``, ``run`` and ``async with`` are ``RolloutEngine``'s, and yield the same records;
-``meter`` is a ``MemoryMeter`` of the live nodes' charges summed, ``node_peaks`` each node's peak.
+``meter`` is a ``MemoryMeter`` of the live nodes' charges summed, ``node_peaks`` each node's peak. Its tasks: the
+status poller in a ``TaskScope`` of its own, each stream's producer in the stream scope (both ended by closing the
+engine, the streams first), and a batch's pieces in the producer's ``TaskGroup``.
 Must never: lose or duplicate a rollout (each ends exactly once: delivered, retried-and-delivered, or a typed
 failure), hold more than a bounded queue of finished results, or leave an agent running when it closes.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 import msgspec
 
 from bunshin.envs import derive_seed
+from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.policies.base import Policy
 
@@ -55,6 +59,11 @@ _result = msgspec.msgpack.Decoder(RolloutResult)
 _info = msgspec.msgpack.Decoder(AgentInfo)
 _status = msgspec.msgpack.Decoder(NodeStatus)
 _encoder = msgspec.msgpack.Encoder()
+log = logging.getLogger(__name__)
+
+
+def _producer_failed(exc: BaseException) -> None:  # raised to the stream's consumer, if it is still there
+    log.debug("a cluster stream's producer ended with %r", exc)
 
 
 def _node_lost_errors() -> tuple[type[BaseException], ...]:
@@ -93,8 +102,8 @@ class ClusterEngine:
         self._app_of: dict[str, str] = {}
         self._owns_ray = False
         self._started = False
-        self._poller: asyncio.Task[None] | None = None
-        self._streams: set[asyncio.Future[None]] = set()
+        self._poller = TaskScope("cluster-status-poller")
+        self._streams = TaskScope("cluster-streams", on_error=_producer_failed)  # each stream's producer
         self._wake: asyncio.Event | None = None
         self._on_loss: set[Any] = set()  # each stream's hook: a node died, put its samples back
         self._ledgers: set[Ledger] = set()  # the streams running now (a node's load is all of theirs)
@@ -113,7 +122,7 @@ class ClusterEngine:
             self.meter = MemoryMeter(self._charge, self.status_interval_s)
             self.meter.start()
             self._wake = asyncio.Event()
-            self._poller = asyncio.ensure_future(self._poll())
+            self._poller.start_soon(self._poll(), name="cluster-status-poller")
             self._started = True
         except BaseException:
             await self._close()
@@ -154,12 +163,8 @@ class ClusterEngine:
         import ray
 
         self._started = False
-        for producer in self._streams:
-            producer.cancel()
-        await asyncio.gather(*self._streams, return_exceptions=True)
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        await self._streams.aclose()
+        await self._poller.aclose()
         try:
             closing = [(n, h.close.remote()) for n, h in self.agents.items() if n not in self.dead]
             for _, ref in closing:
@@ -253,15 +258,13 @@ class ClusterEngine:
             ledger.add(work)
         total = sum(len(w.samples) for w in batch)
         queue: asyncio.Queue[RolloutResult] = asyncio.Queue(maxsize=max(1, sum(i.slots for i in self.infos.values())))
-        producer = asyncio.ensure_future(self._produce(batch, ledger, queue))
-        self._streams.add(producer)
+        producer = self._streams.start_soon(self._produce(batch, ledger, queue), name="cluster-stream")
         try:
             for _ in range(total):
                 yield await RolloutEngine._next(queue, producer)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-            self._streams.discard(producer)
 
     async def _produce(self, batch: list[Work], ledger: Ledger, queue: asyncio.Queue[RolloutResult]) -> None:
         waiting: collections.deque[Work] = collections.deque(batch)

@@ -9,8 +9,12 @@ probabilities' product clears the threshold), it forks the branch and runs that 
 observation become the sample's, the caller takes the workspace); anything else cancels and discards every branch,
 and the caller runs the call in its own workspace, which speculation never touched. A branch whose own call failed
 (an error of the runtime, a deadline) is never adopted: the real call runs, and fails or not as it would have.
+It reaches the selector, the slots, tail priority and the figures through the ``SpeculationShared`` record it is
+given (``shared.py``), never through the ``Speculator``. Its tasks have owning scopes: the predictions, the jobs (this
+step's speculation, and a carried branch's run) and the background (a walk's catch-up, closing thrown-away branches'
+workspaces), each a ``TaskScope`` that ``close`` ends.
 Must never: let a branch's state reach the sample except by an exact match, touch the sample's workspace but to
-fork it, or leave a branch's workspace open (``close`` on every path, cancellation included).
+fork it, or leave a branch's workspace open or a task running (``close`` on every path, cancellation included).
 """
 
 from __future__ import annotations
@@ -19,24 +23,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from bunshin.envs.records import Observation, ToolCall
+from bunshin.envs.runtime import await_points
+from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.envs.suites.base import Suite, observation_text
 from bunshin.envs.workspace import Workspace
 
 from .features import Situation, label_of
 from .selector import Prediction
+from .shared import SpeculationShared
 from .slots import Grant
-
-if TYPE_CHECKING:
-    from .speculator import Speculator
 
 log = logging.getLogger(__name__)
 
 Execute = Callable[[Workspace, ToolCall, float], Awaitable[Observation]]
+SampleWorkspace = Callable[[], Coroutine[Any, Any, Workspace]]
+
+
+def _no_prediction(exc: BaseException) -> None:
+    log.warning("spec tool selector: no prediction: %s", exc)
+
+
+def _background_failed(exc: BaseException) -> None:  # the sample's own step meets a catch-up's failure again
+    log.debug("speculation: background task failed: %r", exc)
 
 
 @dataclass(eq=False)
@@ -57,6 +70,7 @@ class Branch:
     discarded: bool = False
     adopted: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    job: asyncio.Task[Any] | None = None  # the job that runs it: cancelled when the branch is preempted
     child: Branch | None = None  # depth 2: the predicted call after this one, in a fork of this branch
 
     def seconds(self, now: float) -> float:
@@ -67,55 +81,47 @@ class Branch:
 
 
 class SampleSpeculation:
-    def __init__(self, speculator: Speculator, suite: Suite, *, sample: object, task_id: str, template: str,
+    def __init__(self, shared: SpeculationShared, suite: Suite, *, sample: object, task_id: str, template: str,
                  seed: int, execute: Execute, call_timeout_s: float):
-        self.speculator, self.suite = speculator, suite
-        self.settings = speculator.settings
+        self.shared, self.suite = shared, suite
+        self.settings = shared.settings
         self.sample, self.task_id, self.template = sample, task_id, template
         self.seed, self.execute, self.call_timeout_s = seed, execute, call_timeout_s
         self.situation: Situation | None = None
         self.predictions: list[Prediction] | None = None
-        self.predicting: asyncio.Future[list[Prediction]] | None = None  # this decision's prediction
-        self._predictions: set[asyncio.Future[list[Prediction]]] = set()  # not yet come, this one or earlier
+        self.predicting: asyncio.Task[list[Prediction]] | None = None  # this decision's prediction
+        # predictions not yet come, this decision's or earlier ones (scored when they come)
+        self._predictions = TaskScope(f"spec-predictions {task_id}", on_error=_no_prediction)
         self.current: Branch | None = None  # the branch for the call being decided
         self.pending: Branch | None = None  # a depth-2 branch carried over from the last adoption
-        self.jobs: set[asyncio.Task[None]] = set()  # this step's speculation, and a carried branch's run
-        self.prep: asyncio.Future[Workspace] | None = None
-        self.closing: set[asyncio.Task[None]] = set()
+        self._jobs = TaskScope(f"spec-jobs {task_id}")  # this step's speculation, and a carried branch's run
+        self.prep: asyncio.Task[Workspace] | None = None  # the sample's workspace for a fork (a walk's catch-up)
+        # the prep, and closing the workspaces of thrown-away branches (``close`` waits for them)
+        self._background = TaskScope(f"spec-background {task_id}", on_error=_background_failed)
         self.decided_at = 0.0
         self.step_started: float | None = None
         self.step_s: list[float] = []
 
     # -- the sample starts reasoning ----------------------------------------------------------------------------
-    def begin(self, situation: Situation, workspace: Callable[[], Awaitable[Workspace]],
-              serves: Callable[[ToolCall], bool]) -> None:
+    def begin(self, situation: Situation, workspace: SampleWorkspace, serves: Callable[[ToolCall], bool]) -> None:
         """Predict the call ``situation`` leads to and, if it pays, run it in a branch while the model reasons.
         ``workspace()``: the sample's workspace in the state of ``situation`` (for a fork); ``serves(call)``:
         whether the prefix tree would serve ``call`` without executing it (then there is nothing to hide)."""
         now = time.monotonic()
         if self.step_started is not None:
             self.step_s.append(now - self.step_started)
-            self.speculator.tail.step_took(now - self.step_started)
+            self.shared.tail.step_took(now - self.step_started)
         self.step_started = now
         self.situation, self.predictions = situation, None
-        self.predicting = asyncio.ensure_future(self.speculator.selector.predict(situation))
-        self._predictions.add(self.predicting)
-        self.predicting.add_done_callback(self._predicted)
+        self.predicting = self._predictions.start_soon(self.shared.selector.predict(situation))
         carried, self.pending = self.pending, None
         if carried is not None:
             carried.p = carried.own_p  # the call before it has matched
-        job = asyncio.ensure_future(self._speculate(situation, workspace, serves, carried))
-        self.jobs.add(job)
-        job.add_done_callback(self.jobs.discard)
+        self._jobs.start_soon(self._speculate(situation, workspace, serves, carried))
 
-    def _predicted(self, predicting: asyncio.Future[list[Prediction]]) -> None:
-        if not predicting.cancelled() and predicting.exception() is not None:
-            log.warning("spec tool selector: no prediction: %s", predicting.exception())
-        self._predictions.discard(predicting)
-
-    async def _speculate(self, situation: Situation, workspace: Callable[[], Awaitable[Workspace]],
+    async def _speculate(self, situation: Situation, workspace: SampleWorkspace,
                          serves: Callable[[ToolCall], bool], carried: Branch | None) -> None:
-        stats = self.speculator.counts
+        stats = self.shared.counts
         assert self.predicting is not None
         try:  # shielded: cancelling this job (the real call came) leaves the prediction to be scored
             self.predictions = await asyncio.shield(self.predicting)
@@ -130,13 +136,13 @@ class SampleSpeculation:
         best = self._worth(self.predictions, 1.0, serves)
         if best is None:
             return
-        branch = Branch(call=best.call, label=best.label, p=best.p, own_p=best.p)
+        branch = Branch(call=best.call, label=best.label, p=best.p, own_p=best.p, job=asyncio.current_task())
         self.current = branch
-        priority = self.speculator.tail.priority(self.sample, self.task_id, self.template, situation.step,
+        priority = self.shared.tail.priority(self.sample, self.task_id, self.template, situation.step,
                                                  sum(self.step_s) / len(self.step_s) if self.step_s else None)
-        branch.grant = await self.speculator.slots.acquire(priority, lambda: self._preempted(branch))
+        branch.grant = await self.shared.slots.acquire(priority, lambda: self._preempted(branch))
         if self.prep is None:  # shielded: a catch-up of the walk is finished even if the branch is cancelled
-            self.prep = asyncio.ensure_future(workspace())
+            self.prep = self._background.start_soon(workspace())
         source = await asyncio.shield(self.prep)
         stats["speculated"] += 1
         await self._run(branch, source)
@@ -146,7 +152,7 @@ class SampleSpeculation:
                ) -> Prediction | None:
         """The best prediction if it is worth a branch: clears the threshold (jointly with the branch it would
         follow), is not the final action, is read-only in read-only mode, and would not be served by the tree."""
-        stats = self.speculator.counts
+        stats = self.shared.counts
         if not predictions:
             return None
         best = predictions[0]
@@ -167,9 +173,10 @@ class SampleSpeculation:
         """Fork ``source`` and run the branch's call in the fork; a failure marks the branch, never raises."""
         try:
             branch.ws = await source.fork(seed=self.seed)
-            self.speculator.branch_opened(branch.ws)
+            self.shared.branch_opened(branch.ws)
             branch.concrete = await self.suite.concrete(branch.ws, branch.call)
             branch.started = time.monotonic()
+            await await_points.reached("speculation.branch.call")
             branch.observation = await self.execute(branch.ws, branch.concrete, self.call_timeout_s)
             branch.finished = time.monotonic()
         except Exception as exc:
@@ -192,17 +199,18 @@ class SampleSpeculation:
                           instruction=self.situation.instruction, step=step,  # type: ignore[union-attr]
                           calls=(*calls, branch.label), observation=observation_text(branch.observation))
         try:
-            predictions = await self.speculator.selector.predict(after)
+            predictions = await self.shared.selector.predict(after)
         except Exception:
             return
         best = self._worth(predictions, branch.p, lambda call: False)
         if best is None:
             return
-        child = Branch(call=best.call, label=best.label, p=best.p * branch.p, own_p=best.p)
-        priority = self.speculator.tail.priority(self.sample, self.task_id, self.template, step, None)
-        child.grant = await self.speculator.slots.acquire(priority, lambda: self._preempted(child))
+        child = Branch(call=best.call, label=best.label, p=best.p * branch.p, own_p=best.p,
+                       job=asyncio.current_task())
+        priority = self.shared.tail.priority(self.sample, self.task_id, self.template, step, None)
+        child.grant = await self.shared.slots.acquire(priority, lambda: self._preempted(child))
         branch.child = child
-        self.speculator.counts["speculated"] += 1
+        self.shared.counts["speculated"] += 1
         await self._run(child, branch.ws)
 
     def _preempted(self, branch: Branch) -> None:
@@ -212,8 +220,8 @@ class SampleSpeculation:
             return
         branch.failed = True
         if not branch.done.is_set():
-            for job in self.jobs:  # only this branch is running: its parent, if any, is done
-                job.cancel()
+            if branch.job is not None:  # only this branch is running: its parent, if any, is done
+                branch.job.cancel()
         else:
             self._discard(branch)
 
@@ -257,20 +265,20 @@ class SampleSpeculation:
         """Top-1 and top-k of the predictions made for this decision (scored when they come if the real call came
         first: the selector's accuracy does not depend on how fast the model decided); the example goes to the
         selector."""
-        self.speculator.counts["decisions"] += 1
+        self.shared.counts["decisions"] += 1
         predicting = self.predicting
         if predicting is not None and predicting.done():
             self._tally(predicting, label)
         elif predicting is not None:
-            self.speculator.counts["late_predictions"] += 1
+            self.shared.counts["late_predictions"] += 1
             predicting.add_done_callback(lambda done: self._tally(done, label))
         if self.situation is not None:
-            self.speculator.selector.learn(self.situation, label)
+            self.shared.selector.learn(self.situation, label)
 
-    def _tally(self, predicting: asyncio.Future[list[Prediction]], label: str) -> None:
+    def _tally(self, predicting: asyncio.Task[list[Prediction]], label: str) -> None:
         if predicting.cancelled() or predicting.exception() is not None:
             return
-        stats = self.speculator.counts
+        stats = self.shared.counts
         labels = [p.label for p in predicting.result()]
         if labels:
             stats["predicted"] += 1
@@ -278,12 +286,12 @@ class SampleSpeculation:
             stats["topk_hits"] += label in labels
 
     def _adopted(self, branch: Branch) -> None:
-        stats = self.speculator.seconds
-        self.speculator.counts["adopted"] += 1
+        stats = self.shared.seconds
+        self.shared.counts["adopted"] += 1
         assert branch.started is not None and branch.finished is not None
         stats["adopted_s"] += branch.finished - branch.started
         stats["hidden_s"] += self.hidden_s(branch)
-        self.speculator.branch_closed(branch.ws)  # the sample's now: its memory is the sample's
+        self.shared.branch_closed(branch.ws)  # the sample's now: its memory is the sample's
 
     def waited_s(self, branch: Branch) -> float:
         """How long the sample waited for an adopted branch after its real call came."""
@@ -297,26 +305,21 @@ class SampleSpeculation:
 
     def close_later(self, ws: Workspace) -> None:
         """Close ``ws`` (the sample's workspace an adopted branch replaced) in the background; ``close`` waits."""
-        task = asyncio.ensure_future(ws.close())
-        self.closing.add(task)
-        task.add_done_callback(self.closing.discard)
+        self._background.start_soon(ws.close())
 
     def finished(self, length: int | None) -> None:
         """The rollout ended after ``length`` calls (None: it failed; its length teaches nothing)."""
         if length is None:
-            self.speculator.tail.forget(self.sample)
+            self.shared.tail.forget(self.sample)
         else:
-            self.speculator.tail.finished(self.sample, self.task_id, self.template, length)
+            self.shared.tail.finished(self.sample, self.task_id, self.template, length)
 
     # -- throwing branches away -----------------------------------------------------------------------------------
     async def _stop(self) -> None:
-        """Cancel this sample's speculation jobs and wait until they have ended (the caller's own cancellation
-        still reaches it: ``asyncio.wait`` does not swallow it)."""
-        jobs = list(self.jobs)
-        for job in jobs:
-            job.cancel()
-        if jobs:
-            await asyncio.wait(jobs)
+        """Cancel this sample's speculation jobs and wait until they have ended (a cancelled caller still waits for
+        them, then is cancelled); the next step's jobs go to a new scope."""
+        jobs, self._jobs = self._jobs, TaskScope(self._jobs.name)
+        await jobs.aclose()
 
     async def _settle_prep(self) -> None:
         """Let the sample's own workspace settle (a walk's catch-up the branch asked for) before it is used."""
@@ -328,7 +331,7 @@ class SampleSpeculation:
 
     def _release(self, branch: Branch) -> None:
         if branch.grant is not None:
-            self.speculator.slots.release(branch.grant)
+            self.shared.slots.release(branch.grant)
 
     def _discard(self, branch: Branch) -> None:
         """Count ``branch`` (and its child) as wasted and close its workspace in the background (awaited by
@@ -339,34 +342,38 @@ class SampleSpeculation:
                 continue
             b.discarded = True
             if b.grant is None and b.ws is None and b is branch and not b.failed:
-                self.speculator.counts["skipped_slots"] += 1  # its real call came before a slot did
+                self.shared.counts["skipped_slots"] += 1  # its real call came before a slot did
             self._release(b)
             if b.ws is not None or b.started is not None:
-                self.speculator.counts["wasted"] += 1
-                self.speculator.seconds["wasted_s"] += b.seconds(now)
+                self.shared.counts["wasted"] += 1
+                self.shared.seconds["wasted_s"] += b.seconds(now)
             if b.ws is not None:
                 ws, b.ws = b.ws, None
-                self.speculator.branch_closed(ws)
+                self.shared.branch_closed(ws)
                 self.close_later(ws)
 
     async def close(self) -> None:
-        """Cancel and close every branch, the sample's speculation ends (every path, cancellation included)."""
+        """Cancel and close every branch, the sample's speculation ends (every path, cancellation included): the
+        jobs are cancelled and awaited, the branches discarded, the predictions not yet come cancelled (scored as
+        misses: the rollout has ended), a catch-up cancelled, and every workspace's close awaited; each step runs
+        even when one before it failed or the caller was cancelled."""
+        async with contextlib.AsyncExitStack() as stack:  # callbacks run last pushed, first
+            stack.push_async_callback(self._close_background)
+            stack.push_async_callback(self._predictions.aclose)
+            stack.callback(self._discard_all)
+            await self._jobs.aclose()
+
+    def _discard_all(self) -> None:
+        for branch in (self.current, self.pending):
+            if branch is not None:
+                self._discard(branch)
+        self.current = self.pending = None
+
+    async def _close_background(self) -> None:
+        prep, self.prep = self.prep, None
+        if prep is not None:
+            prep.cancel()
         try:
-            await self._stop()
+            await self._background.join()  # the catch-up's end and every thrown-away branch's close
         finally:
-            for branch in (self.current, self.pending):
-                if branch is not None:
-                    self._discard(branch)
-            self.current = self.pending = None
-            for predicting in list(self._predictions):  # scored as misses: the rollout has ended
-                predicting.cancel()
-            if self._predictions:
-                await asyncio.wait(list(self._predictions))
-            prep, self.prep = self.prep, None
-            if prep is not None and not prep.done():
-                prep.cancel()
-            if prep is not None:
-                with contextlib.suppress(BaseException):
-                    await prep
-            while self.closing:
-                await asyncio.gather(*list(self.closing), return_exceptions=True)
+            await self._background.aclose()

@@ -52,6 +52,7 @@ import msgspec
 
 from bunshin.envs.framing import Checksum, Format, FramingError
 from bunshin.envs.records import ToolCall
+from bunshin.envs.runtime.task_scope import TaskScope, run_to_end
 
 from ..errors import EngineError
 from ..records import Trajectory
@@ -340,7 +341,8 @@ class SpecToolSelector:
         self._skipped = 0
         self._dir: Path | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._scope = TaskScope("spec-selector")  # the background retrain
+        self._task: asyncio.Task[None] | None = None  # the retrain in flight (in the scope), if any
         self._closed = False
 
     async def __aenter__(self) -> SpecToolSelector:
@@ -401,19 +403,17 @@ class SpecToolSelector:
         if self._closed:
             return
         self._closed = True
-        task, self._task = self._task, None
+        self._task = None
         pool, self._pool = self._pool, None
         processes = list(getattr(pool, "_processes", {}).values()) if pool is not None else []
         for p in processes:  # before any await: a cancelled close still stops them
             p.terminate()
-        if task is not None:
-            task.cancel()
-        reaper = asyncio.ensure_future(asyncio.to_thread(_reap, pool, processes)) if pool is not None else None
         try:
-            if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
-            if reaper is not None:
-                await asyncio.shield(reaper)
+            try:
+                await self._scope.aclose()  # the retrain, cancelled and awaited
+            finally:
+                if pool is not None:  # a thread: run to its end even when this close is cancelled
+                    await run_to_end(asyncio.to_thread(_reap, pool, processes))
             if self.model_dir is not None and self._dir is not None:
                 await self._save()
         finally:
@@ -478,10 +478,10 @@ class SpecToolSelector:
         if self._closed or self._dir is None or (self._task is not None and not self._task.done()):
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # not on the loop (learning a file before the run): the next retrain takes them
             return
-        self._task = loop.create_task(self._retrain(force), name="spec-selector-retrain")
+        self._task = self._scope.start_soon(self._retrain(force), name="spec-selector-retrain")
 
     async def _retrain(self, force: bool) -> None:
         try:

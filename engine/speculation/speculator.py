@@ -2,10 +2,10 @@
 
 Owns: ``Speculator``, made by the engine with ``SpecSettings``: it opens the Spec Tool Selector (loading the model
 saved in ``model_dir`` for this suite's namespace, or else learning the history of a prefix tree loaded from disk;
-then ``train_file``), hands each sample its
-``SampleSpeculation`` (``branch.py``), keeps the branches' workspaces in view to measure their memory every
-``MEASURE_EVERY_S`` (``memory.py`` decides from it whether a slot may take one more branch), and reports
-``statistics()`` (``settings.STATISTICS``). The selector's namespace is a digest of the suite, its knobs and the
+then ``train_file``), makes the ``SpeculationShared`` record (``shared.py``: the selector, slots, tail priority, the
+branches' memory and the figures) and hands each sample a ``SampleSpeculation`` (``branch.py``) of it, measures the
+live branches' memory every ``MEASURE_EVERY_S`` in a task of its own scope (``memory.py`` decides from it whether a
+slot may take one more branch), and reports ``statistics()`` (``settings.STATISTICS``). The selector's namespace is a digest of the suite, its knobs and the
 environment's code (``bunshin.envs.code_version``): a model learned on other tools is not used.
 Must never: block the event loop (the selector trains and predicts off it), or outlive ``close``.
 """
@@ -13,7 +13,6 @@ Must never: block the event loop (the selector trains and predicts off it), or o
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hashlib
 from collections.abc import Callable, Iterable
@@ -22,8 +21,8 @@ from typing import Any
 import msgspec
 
 from bunshin.envs.code_version import code_version
+from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.envs.suites.base import Suite, SuiteTask, observation_text
-from bunshin.envs.workspace import Workspace
 
 from ..history import Turn
 from .branch import Execute, SampleSpeculation
@@ -31,6 +30,7 @@ from .features import Situation, label_of
 from .memory import BranchMemory
 from .selector import SpecToolSelector
 from .settings import SpecSettings
+from .shared import SpeculationShared
 from .slots import SpecSlots
 from .tail import TailPredictor
 
@@ -51,14 +51,11 @@ class Speculator:
         self.settings, self.suite = settings, suite
         self.selector = SpecToolSelector(selector_namespace(suite), model_dir=settings.model_dir,
                                          retrain_every=settings.retrain_every, top_k=settings.top_k)
-        self.tail = TailPredictor()
-        self.branches: dict[str, Workspace] = {}  # live branch workspaces by id
-        self.memory = BranchMemory(budget=settings.memory_budget, headroom=settings.memory_headroom,
-                                   run_memory=run_memory)
-        self.slots = SpecSlots(settings.slots, self.memory.allows)
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.seconds: collections.Counter[str] = collections.Counter()
-        self._measuring: asyncio.Task[None] | None = None
+        memory = BranchMemory(budget=settings.memory_budget, headroom=settings.memory_headroom,
+                              run_memory=run_memory)
+        self.shared = SpeculationShared(settings=settings, selector=self.selector, tail=TailPredictor(),
+                                        memory=memory, slots=SpecSlots(settings.slots, memory.allows))
+        self._scope = TaskScope("speculator")  # the memory measurement
 
     async def open(self, tasks: list[SuiteTask], history: Iterable[Turn] = ()) -> None:
         """Load the saved selector, then learn ``train_file``; ``history`` (a loaded prefix tree's turns) is
@@ -72,7 +69,7 @@ class Speculator:
                                              {t.id: t.template for t in tasks})
         if added:
             await self.selector.retrain_now()
-        self._measuring = asyncio.ensure_future(self._measure())
+        self._scope.start_soon(self._measure(), name="spec-measure")
 
     def learn_history(self, turns: Iterable[Turn]) -> int:
         """Each turn as an example, as many times as its node was used (up to ``HISTORY_USES``); the examples
@@ -89,39 +86,30 @@ class Speculator:
         return added
 
     async def close(self) -> None:
-        task, self._measuring = self._measuring, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
-        await self.selector.close()
+        try:
+            await self._scope.aclose()
+        finally:
+            await self.selector.close()
 
     def sample(self, suite: Suite, *, sample: object, task: SuiteTask, seed: int, execute: Execute,
                call_timeout_s: float) -> SampleSpeculation:
-        return SampleSpeculation(self, suite, sample=sample, task_id=task.id, template=task.template, seed=seed,
+        return SampleSpeculation(self.shared, suite, sample=sample, task_id=task.id, template=task.template, seed=seed,
                                  execute=execute, call_timeout_s=call_timeout_s)
 
     # -- the branches' memory -------------------------------------------------------------------------------------
-    def branch_opened(self, ws: Workspace) -> None:
-        self.branches[ws.id] = ws
-        self.memory.opened(ws.id)
-
-    def branch_closed(self, ws: Workspace | None) -> None:
-        if ws is not None:
-            self.branches.pop(ws.id, None)
-            self.memory.closed(ws.id)
-
     async def _measure(self) -> None:
+        shared = self.shared
         while True:
             await asyncio.sleep(MEASURE_EVERY_S)
             charges = {}
-            for ws_id, ws in list(self.branches.items()):
+            for ws_id, ws in list(shared.branches.items()):
                 with contextlib.suppress(Exception):  # a branch closing meanwhile
                     charges[ws_id] = ws.charge()
-            self.memory.measure(charges)
+            shared.memory.measure(charges)
 
     # -- figures ------------------------------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
-        c, s = self.counts, self.seconds
+        c, s, memory = self.shared.counts, self.shared.seconds, self.shared.memory
         decisions = c["decisions"]
         selector = self.selector.statistics()
         return {
@@ -132,12 +120,12 @@ class Speculator:
             "spec_topk": round(c["topk_hits"] / decisions, 4) if decisions else 0.0,
             "speculated": c["speculated"], "adopted": c["adopted"], "wasted": c["wasted"],
             "skipped_threshold": c["skipped_threshold"], "skipped_read_only": c["skipped_read_only"],
-            "skipped_slots": c["skipped_slots"], "preempted": self.slots.preempted,
+            "skipped_slots": c["skipped_slots"], "preempted": self.shared.slots.preempted,
             "adopted_s": round(s["adopted_s"], 3), "hidden_s": round(s["hidden_s"], 3),
             "wasted_s": round(s["wasted_s"], 3),
-            "branch_bytes_peak": self.memory.peak, "branch_bytes": self.memory.held(),
-            "run_bytes_high": self.memory.high,
-            "branches_running": len(self.branches),
+            "branch_bytes_peak": memory.peak, "branch_bytes": memory.held(),
+            "run_bytes_high": memory.high,
+            "branches_running": len(self.shared.branches),
             "retrains": selector.get("retrains", 0), "examples": selector.get("examples", 0),
-            "tail_rank_rho": self.tail.rho(),
+            "tail_rank_rho": self.shared.tail.rho(),
         }
