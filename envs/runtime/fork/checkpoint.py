@@ -40,8 +40,8 @@ def write(state: ForkState, path: str, layer: str) -> Reply:
                 return Failed(kind="checkpoint", message=f"worker {index} could not image its state: {exc}")
             finally:
                 os.close(fd)
-        state = state.app.checkpoint()
-        parts = state if isinstance(state, list) else [state]
+        app_state = state.app.checkpoint()
+        parts = app_state if isinstance(app_state, list) else [app_state]
         written += checkpoint_file.write(state.pool_fd, path, parts)
         snapshot_at(state.pool_fd, state.layer_fd, layer, readonly=True)
     finally:
