@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from bunshin.engine.bench.epoch import trajectories_sha256
-from bunshin.engine.prefix.cache import NonDeterministicTool, Served, served
+from bunshin.engine.prefix.cache import Served, served
 from bunshin.engine.prefix.cold import TREE_FILE
+from bunshin.engine.prefix.errors import NonDeterministicTool
 from bunshin.engine.prefix.settings import PrefixSettings
 from bunshin.engine.records import Trajectory
 from bunshin.engine.rollout import RolloutEngine

@@ -30,10 +30,11 @@ import msgspec
 
 from bunshin.envs.records import Observation, ToolCall, canonical
 
-from .errors import StoreFull, StoreWriteFailed
-from .eviction import EvictionStrategy, Kind
+from .errors import CorruptTreeFile, StoreFull, StoreWriteFailed, TreeMisuse
+from .eviction import EvictionStrategy
 from .layer_delta import fsync_dir
-from .tree import ISSUERS_KEPT, Admission, Namespace, Node, PrefixError, PrefixTree
+from .node import Kind, Namespace, Node
+from .tree import ISSUERS_KEPT, Admission, PrefixTree
 
 MAGIC, VERSION = b"BUNSHTRE", 1
 _HEADER = struct.Struct("<8sIQ")  # magic, format version, body length
@@ -75,10 +76,6 @@ class TreeFile(msgspec.Struct, frozen=True, kw_only=True):
 _encode = msgspec.msgpack.Encoder().encode
 _decode_file = msgspec.msgpack.Decoder(TreeFile).decode
 _decode_any, _decode_obs = msgspec.msgpack.Decoder().decode, msgspec.msgpack.Decoder(Observation).decode
-
-
-class _Corrupt(ValueError):
-    """A file that framed and decoded but does not describe a valid tree."""
 
 
 @dataclass(frozen=True)
@@ -192,20 +189,20 @@ def load_tree(path: Path | str, *, clock: Callable[[], float],
     try:
         _build(loaded, _parse(data), ok, known_checkpoints)
         loaded.tree.check()
-    except (ValueError, PrefixError, AssertionError) as exc:  # msgspec's DecodeError is a ValueError
+    except (ValueError, CorruptTreeFile, TreeMisuse, AssertionError) as exc:  # msgspec's DecodeError is a ValueError
         return Loaded(fresh(), reason=f"{path}: {exc or type(exc).__name__}; starting with an empty tree")
     return loaded
 
 
 def _parse(data: bytes) -> TreeFile:
     if len(data) < _HEADER.size + _CRC.size:
-        raise _Corrupt(f"{len(data)} bytes is shorter than a header")
+        raise CorruptTreeFile(f"{len(data)} bytes is shorter than a header")
     magic, version, length = _HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION:
-        raise _Corrupt(f"magic {magic!r} version {version}, this reader knows {MAGIC!r} {VERSION}")
+        raise CorruptTreeFile(f"magic {magic!r} version {version}, this reader knows {MAGIC!r} {VERSION}")
     body = data[_HEADER.size:_HEADER.size + length]
     if _HEADER.size + length + _CRC.size != len(data) or _CRC.unpack_from(data, len(data) - 4)[0] != zlib.crc32(body):
-        raise _Corrupt("torn or checksum mismatch")
+        raise CorruptTreeFile("torn or checksum mismatch")
     return _decode_file(body)
 
 
@@ -218,25 +215,25 @@ def _build(loaded: Loaded, file: TreeFile, ok: Callable[[Namespace], bool], know
             loaded.stale_checkpoints += [r.cold.checkpoint_id for r in space.nodes if r.cold is not None]
             continue
         if space.ns in tree.roots or not space.nodes:
-            raise _Corrupt(f"namespace {space.ns} twice or without a root")
+            raise CorruptTreeFile(f"namespace {space.ns} twice or without a root")
         nodes: list[Node] = []
         for i, r in enumerate(space.nodes):
             if r.obs_kind not in (0, 1):
-                raise _Corrupt(f"node {i}: unknown observation kind {r.obs_kind}")
+                raise CorruptTreeFile(f"node {i}: unknown observation kind {r.obs_kind}")
             obs = (_decode_obs if r.obs_kind else _decode_any)(r.observation)
             if i == 0:
                 if r.parent != -1 or r.key:
-                    raise _Corrupt("a namespace's first node is not its root")
+                    raise CorruptTreeFile("a namespace's first node is not its root")
                 node = tree.root(space.ns, obs)
             else:
                 if not 0 <= r.parent < i:
-                    raise _Corrupt(f"node {i} names parent {r.parent}")
+                    raise CorruptTreeFile(f"node {i} names parent {r.parent}")
                 parent, call = nodes[r.parent], msgspec.json.decode(r.key, type=ToolCall)
                 if canonical(call) != r.key or r.key in parent.children:
-                    raise _Corrupt(f"node {i}: a call not in canonical form, or twice under its parent")
+                    raise CorruptTreeFile(f"node {i}: a call not in canonical form, or twice under its parent")
                 node = tree.restore(parent, call, obs, r.tool_s)  # its flags are set once its subtree is in
             if node.digest != r.digest:
-                raise _Corrupt(f"node {i}: digest {r.digest} but its path gives {node.digest}")
+                raise CorruptTreeFile(f"node {i}: digest {r.digest} but its path gives {node.digest}")
             node.hits, node.last_used = r.hits, now - r.age_s
             if r.cold is not None:
                 gone = known is not None and r.cold.checkpoint_id not in known
