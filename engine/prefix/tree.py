@@ -342,7 +342,7 @@ class PrefixTree:
     def evict(self) -> Evictions:
         """Drop what the strategy chose to get back under both budgets (and every unpinned entry below a
         non-cacheable call). If only pinned entries are left the tree stays over budget until they are released;
-        ``over_budget()`` says so, and the engine should take no new snapshot meanwhile (``fits_hot``)."""
+        the engine should take no new snapshot meanwhile (``fits_hot``)."""
         chosen = plan(self.nodes, _excess(self.bytes_hot, self.hot_budget),
                       _excess(self.bytes_cold, self.cold_budget), self.strategy)
         for kind in Kind:
@@ -358,9 +358,6 @@ class PrefixTree:
         self._counts["evicted_hot"] += len(out.hot)
         self._counts["evicted_cold"] += len(out.cold)
         return out
-
-    def over_budget(self) -> bool:
-        return _excess(self.bytes_hot, self.hot_budget) > 0 or _excess(self.bytes_cold, self.cold_budget) > 0
 
     def fits_hot(self, nbytes: int) -> bool:
         """Whether a new snapshot of ``nbytes`` would stay within the hot budget once every unpinned hot entry
