@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from bunshin.engine.bench.epoch import trajectories_sha256
-from bunshin.engine.prefix.cache import NonDeterministicTool, Served, served
+from bunshin.engine.prefix.cache import PrefixCache, Served, served
 from bunshin.engine.prefix.cold import TREE_FILE
+from bunshin.engine.prefix.errors import NonDeterministicTool
 from bunshin.engine.prefix.settings import PrefixSettings
+from bunshin.engine.prefix.walk import Walk
 from bunshin.engine.records import Trajectory
 from bunshin.engine.rollout import RolloutEngine
 from bunshin.envs.desktop.suite import DesktopSuite
@@ -28,6 +30,7 @@ from bunshin.policies.base import Decision, Policy, PolicyContext
 from bunshin.policies.grounded import GroundedPolicy
 
 from .conftest import assert_no_leaks, host_processes, leftovers
+from .quiet import all_tasks_blocked
 
 TASKS, GROUP = 4, 4
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])  # real engines: once is enough
@@ -310,3 +313,55 @@ async def test_a_changed_configuration_or_code_starts_a_new_namespace(monkeypatc
     assert namespace(WebShopSuite(screenshots=True, keep_rasters=False, load_images=False, time_scale=0.0)) != same
     monkeypatch.setattr(cache_module, "code_version", lambda: "another version of the environment")
     assert namespace(shop()) != same
+
+
+async def test_closing_the_cache_finishes_its_deletions_saves_the_tree_and_leaves_no_task(tmp_path: Path) -> None:
+    """The cold store's background work is its own: a deletion just asked for is finished by ``close`` (not cut
+    before it started), the pending save gives way to the last one, and nothing is left running."""
+    before = asyncio.all_tasks()
+    cache = PrefixCache(PrefixSettings(cache_dir=tmp_path / "cache"), shop(), setup=None,  # type: ignore[arg-type]
+                        call_timeout_s=1.0)
+    await cache.open([])
+    cold = cache.cold
+    assert cold is not None
+    await asyncio.to_thread(cold.store.write_node, "evicted", [b"a state"])
+    cold.delete(["evicted"])  # in the background: a thread deleting it, and a save of the tree soon
+    assert asyncio.all_tasks() - before
+    await cache.close()
+    assert asyncio.all_tasks() == before
+    assert cold.counts["deleted"] == 1 and cold.counts["saves"] >= 1 and (tmp_path / "cache" / TREE_FILE).exists()
+
+
+async def test_closing_a_walk_in_the_middle_of_its_catch_up_stops_it_and_leaves_nothing(state_dir: Path) -> None:
+    """A hit on a node without a snapshot starts a catch-up in the background (fork the root, replay the call);
+    closing the walk while it is under way cancels it, releases the pins, and leaks no workspace."""
+    async with RolloutEngine(DesktopSuite(), ClockReader(), concurrency=2, state_dir=state_dir,
+                             prefix=PrefixSettings()) as engine:
+        cache = engine.prefix_cache
+        assert cache is not None
+        task = next(iter(engine.tasks.values()))
+        got = await cache.root(task, seed=1)
+        assert got is not None
+        root, _ = got
+        call = ToolCall(name="terminal", args={"command": "echo hello"})
+        with cache.tree.pin(root):
+            ws = await cache.workspace_at(root, seed=1)
+        try:
+            answer = await ws.execute(call, timeout_s=30.0)
+        finally:
+            await ws.close()
+        node = cache.tree.restore(root, call, Served(call=call, observation=answer), answer.tool_seconds)
+        before = asyncio.all_tasks()
+        walk = Walk(cache, engine.suite, task, root, seed=2, issuer="test", execute=engine.execute_call,
+                    call_timeout_s=30.0)
+        assert (await walk.step(call)).source == "cached"
+        catching_up = walk.catching_up
+        assert catching_up is not None
+        await all_tasks_blocked()  # the catch-up waits on the workspace (a fork, a call)
+        assert not catching_up.done()
+        await walk.close()
+        assert catching_up.cancelled() and walk.ws is None and node.pins == root.pins == 0
+        await all_tasks_blocked()
+        assert asyncio.all_tasks() <= before
+        runtime = engine.runtime
+    await assert_no_leaks(runtime)

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bunshin.engine.prefix.node import Namespace, State
 from bunshin.engine.prefix.persist import MAGIC, load_tree, save_tree
-from bunshin.engine.prefix.tree import Admission, Namespace, PrefixTree, State
+from bunshin.engine.prefix.tree import Admission, PrefixTree, SetUp
 from bunshin.envs.records import Observation, ToolCall, canonical
 
 NS_A = Namespace(suite="webshop", task_id="1", config=Namespace.digest("cfg", 1))
@@ -151,7 +152,8 @@ def test_checkpoints_gone_from_the_store_become_absent_with_the_deltas_on_them(t
     a, b = u.lookup(NS_A, [call(1)]), u.lookup(NS_A, [call(1), call(2)])
     assert a.state is b.state is State.ABSENT and loaded.absent == [a.digest, b.digest]
     assert u.lookup(NS_B, [call(1)]).state is State.COLD and u.bytes_cold == 10
-    assert u.rebuild_path(b) == (u.roots[NS_A], [call(1), call(2)])
+    plan = u.plan_rebuild(b, restore_s=0.0)
+    assert plan.start == SetUp(u.roots[NS_A]) and [n.call for n in plan.replay] == [call(1), call(2)]
     u.check()
 
 

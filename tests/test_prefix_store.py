@@ -432,7 +432,7 @@ async def test_closing_mid_write_abandons_cleanly(tmp_path: Path, rng: random.Ra
                 writers.submit_nowait(WriteJob(node_id="next", parts=state(rng, MiB), done=outcomes.append))
                 await placed.wait()
                 if how == "cancel":
-                    await asyncio.sleep(3600)
+                    await asyncio.Event().wait()  # until cancelled
 
         task = asyncio.create_task(run())
         await placed.wait()

@@ -9,8 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from bunshin.engine.prefix.eviction import LRU, Candidate, CostAware, Kind, candidate, choose
-from bunshin.engine.prefix.tree import Admission, Namespace, PrefixError, PrefixTree, State
+from bunshin.engine.prefix.errors import PrefixError, TreeMisuse
+from bunshin.engine.prefix.eviction import LRU, Candidate, CostAware, candidate, choose
+from bunshin.engine.prefix.node import Kind, Namespace, State
+from bunshin.engine.prefix.tree import Admission, ForkHot, PrefixTree, RebuildPlan, RestoreCold, SetUp
 from bunshin.envs.records import ToolCall, canonical
 
 MiB = 1 << 20
@@ -35,6 +37,16 @@ def tree(**kw: object) -> tuple[PrefixTree, Clock]:
     clock = Clock()
     kw.setdefault("admission", Admission(min_issuers=1))
     return PrefixTree(clock=clock, **kw), clock  # type: ignore[arg-type]
+
+
+def issued(parent, c: ToolCall) -> int:
+    """Distinct issuers of ``c`` from ``parent`` not yet admitted."""
+    return len(parent.issues.get(canonical(c), ()))
+
+
+def over_budget(t: PrefixTree) -> bool:
+    return any(budget is not None and used > budget
+               for used, budget in ((t.bytes_hot, t.hot_budget), (t.bytes_cold, t.cold_budget)))
 
 
 def chain(t: PrefixTree, ns: Namespace, *calls: ToolCall, tool_s: float = 1.0):
@@ -80,8 +92,9 @@ def test_a_node_digest_is_stable_across_trees_and_distinct_across_namespaces() -
 def test_a_node_of_another_tree_is_refused() -> None:
     t1, _ = tree()
     t2, _ = tree()
-    with pytest.raises(PrefixError):
+    with pytest.raises(TreeMisuse, match="not a node of this tree") as caught:
         t2.pin(t1.root(NS_A))
+    assert isinstance(caught.value, PrefixError)
 
 
 # -- admission --------------------------------------------------------------------------------------------------
@@ -92,10 +105,10 @@ def test_a_call_becomes_a_node_when_a_second_issuer_issues_it_from_the_same_node
     root = t.root(NS_A)
     assert t.add(root, call(1), "o", 2.0, issuer=("epoch0", 0)) is None
     assert t.add(root, call(1), "o", 2.0, issuer=("epoch0", 0)) is None  # the same sample again: still one
-    assert t.issues(root, call(1)) == 1
+    assert issued(root, call(1)) == 1
     assert t.add(root, call(2), "o", 2.0, issuer=("epoch0", 1)) is None  # another call: counted apart
     node = t.add(root, call(1), "o", 2.0, issuer=("epoch1", 0))  # the same sample in a later epoch
-    assert node is not None and t.issues(root, call(1)) == 0 and t.issues(root, call(2)) == 1
+    assert node is not None and issued(root, call(1)) == 0 and issued(root, call(2)) == 1
     assert t.add(root, call(1), "other", 2.0, issuer=("epoch1", 5)) is node  # already a node: returned as is
     s = t.statistics()
     assert (s.admitted, s.refused) == (1, 3)
@@ -141,14 +154,14 @@ def test_pins_count_release_once_and_move_down_a_walk() -> None:
         pin.move(b)
         assert (a.pins, b.pins) == (0, 1)
         second = t.pin(b)
-        t.unpin(second)
-        t.unpin(second)  # idempotent
+        second.release()
+        second.release()  # idempotent
         assert b.pins == 1
     assert b.pins == 0 and pin.released
     pin.release()
-    with pytest.raises(PrefixError):
+    with pytest.raises(TreeMisuse):
         pin.move(a)
-    with pytest.raises(PrefixError):
+    with pytest.raises(TreeMisuse):
         t._unpin(a)
 
 
@@ -164,7 +177,7 @@ def test_hot_and_cold_entries_and_their_bytes() -> None:
     assert (t.bytes_hot, t.bytes_cold) == (20, 5)
     assert t.drop_hot(node).handle == "snap2" and node.state is State.COLD
     assert t.drop_hot(node) is None
-    with pytest.raises(PrefixError):
+    with pytest.raises(TreeMisuse):
         t.set_hot(node, "x", -1)
     t.check()
 
@@ -174,7 +187,7 @@ def test_a_delta_needs_its_base_and_dropping_a_base_drops_the_deltas_on_it() -> 
     a = chain(t, NS_A, call(1))
     b = chain(t, NS_A, call(1), call(2))
     c = chain(t, NS_A, call(1), call(2), call(3))
-    with pytest.raises(PrefixError):
+    with pytest.raises(TreeMisuse):
         t.set_cold(b, "b", 1, delta=True)
     t.set_cold(a, "a", 10)
     t.set_cold(b, "b", 1, delta=True)
@@ -198,7 +211,7 @@ def test_lru_evicts_the_least_recently_used_unpinned_snapshots_until_under_budge
     out = t.evict()
     assert [n.id for n, _ in out.hot] == [nodes[1].id, nodes[2].id]
     assert [e.handle for _, e in out.hot] == ["s1", "s2"] and t.bytes_hot == 20
-    assert not t.over_budget() and not t.evict()
+    assert not over_budget(t) and not t.evict()
     t.check(budgets=True)
     pin.release()
     assert t.fits_hot(25) and not t.fits_hot(26)
@@ -210,12 +223,12 @@ def test_when_only_pinned_entries_are_left_the_tree_stays_over_budget_until_rele
     t.set_hot(a, "a", 10)
     t.set_hot(b, "b", 10)
     pa, pb = t.pin(a), t.pin(b)
-    assert not t.evict() and t.over_budget() and not t.fits_hot(1)
+    assert not t.evict() and over_budget(t) and not t.fits_hot(1)
     t.check(budgets=True)
     pa.release()
-    assert [n for n, _ in t.evict().hot] == [a] and t.over_budget()
+    assert [n for n, _ in t.evict().hot] == [a] and over_budget(t)
     pb.release()
-    assert [n for n, _ in t.evict().hot] == [b] and not t.over_budget()
+    assert [n for n, _ in t.evict().hot] == [b] and not over_budget(t)
     t.check(budgets=True)
 
 
@@ -275,15 +288,22 @@ def test_saved_seconds_count_back_to_the_nearest_ancestor_with_an_entry() -> Non
 # -- replay and non-cacheable calls -----------------------------------------------------------------------------
 
 
-def test_rebuild_path_starts_at_the_nearest_ancestor_with_an_entry() -> None:
+def test_a_rebuild_forks_the_nearest_snapshot_else_restores_where_that_pays_else_sets_up() -> None:
     t, _ = tree()
     c = chain(t, NS_A, call(1), call(2), call(3))
-    assert t.rebuild_path(c) == (t.roots[NS_A], [call(1), call(2), call(3)])  # the root absent: set up afresh
-    a = c.parent.parent
+    root, a, b = t.roots[NS_A], c.parent.parent, c.parent
+    plan = t.plan_rebuild(c, restore_s=0.5)
+    assert plan.start == SetUp(root) and plan.replay == (a, b, c)  # nothing has an entry: set up afresh
     t.set_cold(a, "a", 1)
-    assert t.rebuild_path(c) == (a, [call(2), call(3)])
+    plan = t.plan_rebuild(c, restore_s=0.5)
+    assert plan.start == RestoreCold(a) and plan.replay == (b, c)  # 0.5 + 2 s of calls < 3 s
+    assert t.plan_rebuild(c, restore_s=1.0).start == SetUp(root)  # 1 + 2 is not less than 3: a restore costs more
+    assert t.plan_rebuild(c, restore_s=None).start == SetUp(root)  # this run cannot restore
+    t.set_hot(root, "root", 1)
+    plan = t.plan_rebuild(c, restore_s=0.0)
+    assert plan.start == ForkHot(root) and plan.replay == (a, b, c)  # a fork beats a nearer restore
     t.set_hot(c, "c", 1)
-    assert t.rebuild_path(c) == (c, [])
+    assert t.plan_rebuild(c, restore_s=0.0) == RebuildPlan(ForkHot(c), ())
 
 
 def test_a_non_cacheable_subtree_serves_nothing_and_its_entries_go_once_unpinned() -> None:
@@ -295,8 +315,6 @@ def test_a_non_cacheable_subtree_serves_nothing_and_its_entries_go_once_unpinned
     pin = t.pin(b)
     t.mark_non_cacheable(a)
     assert t.lookup(NS_A, [call(1), call(2)]) is t.roots[NS_A] and t.walk(t.roots[NS_A], call(1)) is None
-    with pytest.raises(PrefixError):
-        t.rebuild_path(b)
     assert [n for n, _ in t.evict().hot] == [a]  # under budget, but nothing can use it
     t.check(budgets=True)
     pin.release()
@@ -390,7 +408,7 @@ class PrefixTreeMachine(RuleBasedStateMachine):
                 assert node is self.tree.nodes[node.id] and self.path(node) == (*ppath, key)
             return node
         if declared:  # recorded at once, serving nothing
-            assert node is None and self.tree.issues(parent, c) == 0
+            assert node is None and issued(parent, c) == 0
             self.model[(*ppath, key)] = {"hot": None, "cold": None, "pins": 0, "dead": True}
             self.issues.pop((*ppath, key), None)
             return None
@@ -508,18 +526,25 @@ class PrefixTreeMachine(RuleBasedStateMachine):
         assert len(self.tree.evictable()) + len(self.tree.protected()) == len(with_entry)
 
     @invariant()
-    def every_live_node_is_reachable_by_replay(self) -> None:
+    def every_live_node_is_reachable_by_its_rebuild_plan(self) -> None:
         if not hasattr(self, "tree"):
             return
         for node in self.tree.nodes.values():
             if node.dead:
                 continue
-            source, calls = self.tree.rebuild_path(node)
-            assert source.state is not State.ABSENT or source.parent is None
-            assert all(n.state is State.ABSENT for n in list(node.ancestors())[:len(calls)])
-            for c in calls:
-                source = self.tree.child(source, c)
-            assert source is node
+            for restore_s in (None, 0.0, 2.0):
+                plan = self.tree.plan_rebuild(node, restore_s=restore_s)
+                match plan.start:
+                    case ForkHot(node=source):
+                        assert source.hot is not None
+                    case RestoreCold(node=source):
+                        assert source.cold is not None and restore_s is not None
+                    case SetUp(node=source):
+                        assert source.parent is None
+                for n in plan.replay:
+                    source = self.tree.child(source, n.call)
+                    assert source is n
+                assert source is node
 
 
 TestPrefixTreeMachine = PrefixTreeMachine.TestCase

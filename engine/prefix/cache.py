@@ -4,9 +4,10 @@ Owns: the namespace of a task (suite, task, a digest of the workspace configurat
 each namespace's root (the task's initialised workspace, kept as the root's hot entry, so a later group or epoch of
 the task skips its setup), hot entries (frozen snapshots of a sample's workspace, taken after an admitted call),
 workspaces at a node (fork its snapshot; restore its checkpoint; else replay from the nearest ancestor that has an
-entry, checking every replayed observation), cached rewards (a final call scored on a node's state), eviction
-(closing the snapshots and deleting the checkpoints the tree gives up), cold checkpoints (``cold.py``) and the
-run's statistics. The per-sample walk is ``walk.py``.
+entry, checking every replayed observation: the tree's ``RebuildPlan``, executed), cached rewards (a final call
+scored on a node's state), eviction (closing the snapshots and deleting the checkpoints the tree gives up), cold
+checkpoints (``cold.py``), its background work (a ``TaskScope``: measuring snapshots, closing them; finished in
+``close``) and the run's statistics. The per-sample walk is ``walk.py``.
 Must never: make a sample wait for a disk write, close a snapshot while someone forks it (forks hold a pin), or
 let a node whose replay answered differently serve again.
 """
@@ -25,14 +26,18 @@ import msgspec
 
 from bunshin.envs.code_version import code_version
 from bunshin.envs.records import Observation, ToolCall, canonical
+from bunshin.envs.runtime.image_files import FillLayer
+from bunshin.envs.runtime.task_scope import TaskScope, run_to_end
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
 
-from ..errors import EngineError
 from ..history import Turn
+from .cold import ColdStore, RestoreAt
+from .errors import NonDeterministicTool
 from .eviction import LRU, CostAware
+from .node import Namespace, Node, State
 from .settings import PrefixSettings
-from .tree import Admission, Namespace, Node, PrefixTree, State
+from .tree import Admission, ForkHot, PrefixTree, RestoreCold, SetUp
 
 Setup = Callable[[SuiteTask, int], Awaitable[tuple[Workspace, Observation]]]
 MIN_HOT_BYTES = 1 << 20
@@ -44,16 +49,6 @@ class Served(msgspec.Struct, frozen=True, kw_only=True):
 
     call: ToolCall
     observation: Observation
-
-
-class NonDeterministicTool(EngineError):
-    """Replaying a cached call gave another observation than the one recorded: the call's effect is not
-    deterministic. Its node is marked non-cacheable; the rollout that needed the replay fails with this."""
-
-    def __init__(self, call: ToolCall, depth: int):
-        self.call, self.depth = call, depth
-        super().__init__(f"replaying {canonical(call).decode()} (step {depth}) answered differently than when it "
-                         f"was cached: the tool is not deterministic; its prefix-tree node no longer serves")
 
 
 def served(node: Node) -> Served:
@@ -86,19 +81,32 @@ class PrefixCache:
         self._root_locks: dict[Namespace, asyncio.Lock] = {}
         self._rebuilding: dict[int, asyncio.Lock] = {}
         self._first_answers: dict[tuple[int, bytes], bytes] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._scope = TaskScope("prefix-cache")
+        self._measuring: asyncio.Task[None] | None = None
         self._closed = False
-        self.cold: Any = None  # ``cold.ColdStore`` when the run has a cache directory
+        self.cold: ColdStore | None = None  # when the run has a cache directory
 
     # -- life cycle -----------------------------------------------------------------------------------------------
     async def open(self, tasks: list[SuiteTask]) -> None:
         for task in tasks:
             self.tasks[self.namespace(task)] = task
         if self.settings.cache_dir is not None:
-            from .cold import ColdStore
+            self.cold, self.tree = await ColdStore.open(
+                self.settings.cache_dir, self.tree, namespaces=self.tasks.keys(), writers=self.settings.writers,
+                backlog=self.settings.backlog, restore=self._restore_at(), apply_budgets=self.evict)
+            self.evict()  # the loaded tree may hold more than the budgets
+        self._measuring = self._scope.start_soon(self._measure_hot(), name="prefix-measure-hot")
 
-            self.cold = await ColdStore.open(self, self.settings.cache_dir)
-        self.spawn(self._measure_hot())
+    def _restore_at(self) -> RestoreAt | None:
+        """How the cold store starts a workspace of a namespace's task from a checkpoint: the runtime's restore."""
+        restore = self.runtime_restore
+        if restore is None:
+            return None
+
+        async def restore_at(ns: Namespace, fill_layer: FillLayer, seed: int) -> Workspace:
+            return await restore(self.suite.app(self.tasks[ns]), None, fill_layer, seed=seed)
+
+        return restore_at
 
     async def _measure_hot(self) -> None:
         """Every ``MEASURE_EVERY_S``: each snapshot's private memory (the pages no other process maps: what dropping
@@ -115,24 +123,25 @@ class PrefixCache:
     async def close(self) -> None:
         """Close every snapshot; with a cache directory, finish or abandon the writes and save the tree."""
         self._closed = True
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._measuring is not None:
+            self._measuring.cancel()
         try:
             if self.cold is not None:
-                await self.cold.close()
+                await self.cold.close()  # its last writes may still evict: the scope is open until they landed
         finally:
+            try:
+                await self._scope.join()  # closing the snapshots given up: short, never cut
+            finally:
+                await self._scope.aclose()
             handles = [n.hot.handle for n in self.tree.nodes.values() if n.hot is not None]
             for node in self.tree.nodes.values():
                 if node.hot is not None:
                     self.tree.drop_hot(node)
             await asyncio.gather(*(h.close() for h in handles), return_exceptions=True)  # type: ignore[attr-defined]
 
-    def spawn(self, coro: Awaitable[Any]) -> None:
-        """Run ``coro`` in the background (closing evicted snapshots, taking snapshots); ``close`` stops them."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _close_later(self, handle: Workspace) -> None:
+        """Close ``handle`` (a snapshot given up) in the background; ``close`` waits for it."""
+        self._scope.start_soon(run_to_end(handle.close()))
 
     # -- namespaces and roots -------------------------------------------------------------------------------------
     def namespace(self, task: SuiteTask) -> Namespace:
@@ -174,7 +183,7 @@ class PrefixCache:
             self.counts["broken_snapshots"] += 1
             if node.hot is not None and node.hot.handle is handle:
                 self.tree.drop_hot(node)
-                self.spawn(handle.close())
+                self._close_later(handle)
             return None
         self.tree.touch(node)
         self.counts["forks"] += 1
@@ -197,43 +206,42 @@ class PrefixCache:
                 del self._rebuilding[node.id]
 
     async def _rebuild(self, node: Node, seed: int) -> Workspace:
-        """``node``'s state from, in order of preference: the nearest snapshot on its path (a fork shares the
-        snapshot's memory; the calls below it are replayed), the nearest checkpoint (a restore is a private copy of
-        the whole state, so it comes second even when it is nearer), or the task set up afresh."""
-        ws: Workspace | None = None
-        for source in (n for n in node.ancestors() if n.hot is not None):
-            with self.tree.pin(source):
-                ws = await self.fork_hot(source, seed)
+        """``node``'s state as the tree plans it (``PrefixTree.plan_rebuild``: a snapshot forked, else a checkpoint
+        restored where that pays, else the task set up afresh; then the calls below replayed). A start that fails
+        lost its entry: the tree plans again."""
+        while True:
+            plan = self.tree.plan_rebuild(node, restore_s=self.cold.restore_estimate_s if self.cold else None)
+            ws = await self._start(plan.start, seed)
             if ws is not None:
                 break
-        if ws is None and self.cold is not None:
-            for source in (n for n in node.ancestors() if n.cold is not None and self._restore_pays(n, node)):
-                with self.tree.pin(source):
-                    ws = await self.cold.restore(source, seed)
-                if ws is not None:
-                    break
-        if ws is None:  # nothing on the path has an entry left: set the task up afresh
-            source = node.root
-            ws, first = await self.setup(self.tasks[source.ns], seed)
-            if not same_observation(source.observation, first):  # type: ignore[arg-type]
-                self.tree.mark_non_cacheable(source)
-                await ws.close()
-                raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
-            self.counts["setups_replayed"] += 1
         try:
-            await self.replay(ws, self.path_between(source, node))
+            await self.replay(ws, list(plan.replay))
             await self.keep(node, ws)  # rebuilt once: the next sample missing here forks it
         except BaseException:
             await ws.close()
             raise
         return ws
 
-    def _restore_pays(self, source: Node, node: Node) -> bool:
-        """Whether restoring ``source``'s checkpoint and replaying down to ``node`` beats setting the task up afresh
-        (a fork of the application's root, sharing its memory) and replaying every call: the restore's measured
-        time plus the calls below ``source``, against the tool-seconds of every call on the path."""
-        below = sum(n.tool_s for n in self.path_between(source, node))
-        return self.cold.restore_s + below < sum(n.tool_s for n in node.ancestors())  # type: ignore[union-attr]
+    async def _start(self, start: ForkHot | RestoreCold | SetUp, seed: int) -> Workspace | None:
+        """A workspace in the state of ``start.node``, or None when its snapshot broke or its checkpoint could not
+        be read (the entry is gone from the tree). A set-up answering another first observation than recorded
+        marks the namespace dead (``NonDeterministicTool``)."""
+        match start:
+            case ForkHot(node=source):
+                with self.tree.pin(source):
+                    return await self.fork_hot(source, seed)
+            case RestoreCold(node=source):
+                assert self.cold is not None  # planned only with a cold store
+                with self.tree.pin(source):
+                    return await self.cold.restore(source, seed)
+            case SetUp(node=root):
+                ws, first = await self.setup(self.tasks[root.ns], seed)
+                if not same_observation(root.observation, first):  # type: ignore[arg-type]
+                    self.tree.mark_non_cacheable(root)
+                    await ws.close()
+                    raise NonDeterministicTool(ToolCall(name="(task setup)"), 0)
+                self.counts["setups_replayed"] += 1
+                return ws
 
     async def replay(self, ws: Workspace, nodes: list[Node]) -> None:
         """Execute each node's call in ``ws`` (which is in the state of the first node's parent), checking that it
@@ -291,7 +299,7 @@ class PrefixCache:
         old = self.tree.set_hot(node, handle, nbytes)
         self.counts["snapshots"] += 1
         if old is not None:
-            self.spawn(old.handle.close())  # type: ignore[attr-defined]
+            self._close_later(old.handle)  # type: ignore[arg-type]
         if self.cold is not None and node.parent is None:
             self.cold.submit(node)  # a root: every rebuild starts from it
         self.evict()
@@ -312,7 +320,7 @@ class PrefixCache:
         """Apply the tree's evictions: close the snapshots, delete the checkpoints (in the background)."""
         out = self.tree.evict()
         for _, entry in out.hot:
-            self.spawn(entry.handle.close())  # type: ignore[attr-defined]
+            self._close_later(entry.handle)  # type: ignore[arg-type]
         if out.cold and self.cold is not None:
             self.cold.delete([entry.checkpoint_id for _, entry in out.cold])
 

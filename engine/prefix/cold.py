@@ -6,7 +6,9 @@ successor starts from the last save), the background writers that turn a hot nod
 into the pool's tmpfs when a writer takes the job, its files mapped, chunked and written, then removed; the
 image's read-only layer is kept while the node is cold in this run, so its children's checkpoints are written as
 deltas on it), deleting evicted checkpoints, and restoring a workspace from a node's checkpoint (a corrupt one is
-dropped, with every delta built on it, and the node is rebuilt by replay instead).
+dropped, with every delta built on it, and the node is rebuilt by replay instead), and its background work (a
+``TaskScope``: deletions, file removals, the tree's saves; finished in ``close``). It is handed the cache's empty
+tree and gives the loaded one back; it never sees the cache.
 Must never: make a fork or a call wait for a disk write, load an unverified checkpoint, or keep an image's files
 in memory longer than its write.
 """
@@ -17,33 +19,44 @@ import asyncio
 import contextlib
 import mmap
 import time
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bunshin.envs.runtime.image_files import WorkspaceImage, remove_files
+from bunshin.envs.runtime.image_files import FillLayer, WorkspaceImage, remove_files
+from bunshin.envs.runtime.task_scope import TaskScope, run_to_end
 from bunshin.envs.workspace import Workspace
 
 from .errors import CorruptEntry, StoreError
+from .node import Namespace, Node
 from .persist import load_tree, save_tree
 from .store import CheckpointStore
-from .tree import Node
+from .tree import PrefixTree
 from .writers import QUEUED, CheckpointWriters, Outcome, Prepared, WriteJob, Written, open_writers
-
-if TYPE_CHECKING:
-    from .cache import PrefixCache
 
 TREE_FILE = "tree.bin"
 SAVE_EVERY_S = 2.0  # at most one save of the tree file this often while checkpoints land
 
+RestoreAt = Callable[[Namespace, FillLayer, int], Awaitable[Workspace]]
+"""``(ns, fill_layer, seed)``: a running workspace of ``ns``'s application whose layer ``fill_layer`` fills (the
+runtime's ``restore_image`` for that namespace's task)."""
+
 
 class ColdStore:
-    def __init__(self, cache: PrefixCache, directory: Path, store: CheckpointStore):
-        self.cache, self.directory, self.store = cache, directory, store
+    """The cold side of one cache (module docstring). It works on ``tree``, the tree it loaded and gave the cache
+    (``open``); what it needs of the cache is passed in: ``restore`` (how to start a workspace from a checkpoint,
+    None when the run cannot) and ``apply_budgets`` (called when a checkpoint landed: the cache evicts)."""
+
+    def __init__(self, directory: Path, store: CheckpointStore, tree: PrefixTree, *, restore: RestoreAt | None,
+                 apply_budgets: Callable[[], None]):
+        self.directory, self.store, self.tree = directory, store, tree
+        self._restore, self._apply_budgets = restore, apply_budgets
         self.writers: CheckpointWriters | None = None
         self._stack = contextlib.AsyncExitStack()
+        self._scope = TaskScope("prefix-cold")  # deletions, file removals, the tree's saves
         self._images: dict[str, WorkspaceImage] = {}  # checkpoint id -> its image (files gone, layer kept)
         self._submitted: set[str] = set()
-        self._save_pending = False
+        self._save_pending: asyncio.Task[None] | None = None
         self._last_save = 0.0
         self.counts: dict[str, int] = dict.fromkeys(
             ("restores", "restore_failures", "corrupt", "deleted", "saves", "save_failures", "loaded_nodes",
@@ -52,45 +65,61 @@ class ColdStore:
         self.restore_s = 2.0  # a restore's time, measured (moving average): when a restore pays over a replay
 
     @classmethod
-    async def open(cls, cache: PrefixCache, directory: Path) -> ColdStore:
-        """Open (or make) ``directory``; the saved tree replaces the cache's empty one (namespaces of other
-        configurations and code versions, and checkpoints the store lost, are dropped)."""
+    async def open(cls, directory: Path, empty: PrefixTree, *, namespaces: Collection[Namespace], writers: int,
+                   backlog: int, restore: RestoreAt | None,
+                   apply_budgets: Callable[[], None]) -> tuple[ColdStore, PrefixTree]:
+        """Open (or make) ``directory`` and load the saved tree, with ``empty``'s clock, budgets, strategy and
+        admission; namespaces not in ``namespaces`` (other configurations and code versions) and checkpoints the
+        store lost are dropped. Returns the store and the loaded tree, which replaces the cache's empty one (the
+        cache then applies its budgets)."""
         directory.mkdir(parents=True, exist_ok=True)
         store = await asyncio.to_thread(CheckpointStore, directory / "store")
-        self = cls(cache, directory, store)
         try:
-            tree = cache.tree
             loaded = await asyncio.to_thread(
-                load_tree, directory / TREE_FILE, clock=tree.clock, namespace_ok=set(cache.tasks),
-                known_checkpoints=set(store.node_ids()), hot_budget=tree.hot_budget, cold_budget=tree.cold_budget,
-                strategy=tree.strategy, admission=tree.admission)
-            cache.tree = loaded.tree
+                load_tree, directory / TREE_FILE, clock=empty.clock, namespace_ok=set(namespaces),
+                known_checkpoints=set(store.node_ids()), hot_budget=empty.hot_budget, cold_budget=empty.cold_budget,
+                strategy=empty.strategy, admission=empty.admission)
+        except BaseException:
+            store.close()
+            raise
+        self = cls(directory, store, loaded.tree, restore=restore, apply_budgets=apply_budgets)
+        try:
             self.load_reason = loaded.reason
             self.counts["loaded_nodes"] = loaded.nodes
             self.counts["dropped_on_open"] = len(store.dropped_on_open)
-            unused = set(store.node_ids()) - {n.cold.checkpoint_id for n in cache.tree.nodes.values() if n.cold}
+            unused = set(store.node_ids()) - {n.cold.checkpoint_id for n in self.tree.nodes.values() if n.cold}
             await asyncio.to_thread(self._delete_now, sorted(unused))  # stale namespaces, writes never recorded
-            cache.evict()
             self.writers = await self._stack.enter_async_context(
-                open_writers(store, workers=cache.settings.writers, backlog=cache.settings.backlog))
+                open_writers(store, workers=writers, backlog=backlog))
         except BaseException:
             await self._stack.aclose()
             store.close()
             raise
-        return self
+        return self, self.tree
 
     async def close(self) -> None:
-        """Finish the queued writes (abandoning them if cancelled), save the tree, drop kept layers."""
+        """Finish the queued writes (abandoning them if cancelled) and the deletions, save the tree, drop kept
+        layers."""
         try:
             await self._stack.aclose()
         finally:
             try:
+                if self._save_pending is not None:
+                    self._save_pending.cancel()  # saved below anyway
+                try:
+                    await self._scope.join()  # deletions and file removals: a few unlinks each, never cut
+                finally:
+                    await self._scope.aclose()
                 await asyncio.to_thread(self._save)
             finally:
                 for image in list(self._images.values()):
                     await asyncio.to_thread(image.discard)
                 self._images.clear()
                 self.store.close()
+
+    def _in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` in a thread, in the background; ``close`` waits for it."""
+        self._scope.start_soon(run_to_end(asyncio.to_thread(fn, *args)))
 
     # -- writing ----------------------------------------------------------------------------------------------
     def submit(self, node: Node) -> None:
@@ -127,8 +156,8 @@ class ColdStore:
         self._submitted.discard(node.digest)
         image = self._images.get(node.digest)
         if image is not None:  # the files were only needed for this write; the layer stays for the children
-            self.cache.spawn(asyncio.to_thread(remove_files, image.files[0].parent, image.files[0].name))
-        tree = self.cache.tree
+            self._in_thread(remove_files, image.files[0].parent, image.files[0].name)
+        tree = self.tree
         if not isinstance(outcome, Written) or tree.nodes.get(node.id) is not node or node.dead:
             if not isinstance(outcome, Written):
                 self._drop_image(node.digest)
@@ -140,7 +169,7 @@ class ColdStore:
         for old in tree.set_cold(node, node.digest, outcome.record.bytes_written, delta=delta):
             if old.checkpoint_id != node.digest:
                 self._delete([old.checkpoint_id])
-        self.cache.evict()
+        self._apply_budgets()
         self.save_soon()
 
     # -- deleting ---------------------------------------------------------------------------------------------
@@ -152,7 +181,7 @@ class ColdStore:
     def _delete(self, ids: list[str]) -> None:
         for cid in ids:
             self._drop_image(cid)
-        self.cache.spawn(asyncio.to_thread(self._delete_now, ids))
+        self._in_thread(self._delete_now, ids)
 
     def _delete_now(self, ids: list[str]) -> None:
         for cid in ids:
@@ -163,26 +192,21 @@ class ColdStore:
     def _drop_image(self, cid: str) -> None:
         image = self._images.pop(cid, None)
         if image is not None:
-            self.cache.spawn(asyncio.to_thread(image.discard))
+            self._in_thread(image.discard)
 
     # -- restoring --------------------------------------------------------------------------------------------
     async def restore(self, node: Node, seed: int) -> Workspace | None:
         """A running workspace restored from ``node``'s checkpoint; None when it is unreadable (the node and the
         deltas built on it lose their cold entries: the caller rebuilds by replay)."""
         cold = node.cold
-        if cold is None:
-            return None
-        task = self.cache.tasks[node.ns]
-        if self.cache.runtime_restore is None:
+        if cold is None or self._restore is None:
             return None
         started = time.monotonic()
         try:
-            ws = await self.cache.runtime_restore(self.cache.suite.app(task), None,
-                                                  lambda target: self.store.read_node(cold.checkpoint_id, target),
-                                                  seed=seed)
+            ws = await self._restore(node.ns, lambda target: self.store.read_node(cold.checkpoint_id, target), seed)
         except Exception as exc:
             corrupt = exc if isinstance(exc, CorruptEntry) else exc.__cause__
-            tree = self.cache.tree
+            tree = self.tree
             if isinstance(corrupt, CorruptEntry):  # the store dropped these already; the tree follows
                 self.counts["corrupt"] += 1
                 for digest in corrupt.dropped:
@@ -199,29 +223,33 @@ class ColdStore:
             return None
         self.counts["restores"] += 1
         self.restore_s += 0.3 * (time.monotonic() - started - self.restore_s) if self.restore_s >= 0 else 0.0
-        self.cache.tree.touch(node)
+        self.tree.touch(node)
         return ws
+
+    @property
+    def restore_estimate_s(self) -> float | None:
+        """What a restore is expected to take (the rebuild plan's input); None when this run cannot restore."""
+        return None if self._restore is None else self.restore_s
 
     # -- the tree file ----------------------------------------------------------------------------------------
     def save_soon(self) -> None:
         """Save the tree within ``SAVE_EVERY_S`` (one save at a time; the latest state wins)."""
-        if self._save_pending:
+        if self._save_pending is not None:
             return
-        self._save_pending = True
 
         async def later() -> None:
             try:
                 await asyncio.sleep(max(0.0, self._last_save + SAVE_EVERY_S - time.monotonic()))
             finally:
-                self._save_pending = False
-            await asyncio.to_thread(self._save)
+                self._save_pending = None
+            await run_to_end(asyncio.to_thread(self._save))
 
-        self.cache.spawn(later())
+        self._save_pending = self._scope.start_soon(later())
 
     def _save(self) -> None:
         self._last_save = time.monotonic()
         try:
-            save_tree(self.cache.tree, self.directory / TREE_FILE)
+            save_tree(self.tree, self.directory / TREE_FILE)
             self.counts["saves"] += 1
         except StoreError:
             self.counts["save_failures"] += 1

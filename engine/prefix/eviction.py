@@ -1,32 +1,27 @@
 """Eviction for the prefix tree: which hot snapshots and cold checkpoints to give up to get back under a budget.
 
-Owns: ``Kind`` (hot or cold), ``Candidate`` (what a strategy may look at: sizes, recency, hits, the tool-seconds an
-entry saves), the ``EvictionStrategy`` protocol (one method, ``key``: the lowest key goes first) with ``LRU`` and
-``CostAware`` (GreedyDual-Size-Frequency), ``choose``, the heap that picks victims, and ``plan``, which offers it
-the tree's evictable entries: unpinned hot entries; unpinned cold entries no child's delta builds on (a base becomes
-a candidate once the deltas on it are chosen, so checkpoints go leaves first).
-Must never: see a pinned entry (the tree never offers one), mutate the tree, or read a clock (recency comes from the
-tree's injected clock through ``Candidate.last_used``).
+Owns: ``Candidate`` (what a strategy may look at: sizes, recency, hits, the tool-seconds an entry saves), the
+``EvictionStrategy`` protocol (one method, ``key``: the lowest key goes first) with ``LRU`` and ``CostAware``
+(GreedyDual-Size-Frequency), ``choose``, the heap that picks victims, and ``plan``, the eviction rule that runs:
+a pure function of the nodes, the bytes to free and the strategy, returning an ``EvictionPlan`` that the tree
+applies (``PrefixTree.evict``). It offers the strategy the evictable entries: unpinned hot entries; unpinned cold
+entries no child's delta builds on (a base becomes a candidate once the deltas on it are chosen, so checkpoints go
+leaves first); entries below a non-cacheable call are forced (they go whatever the budget).
+Must never: see a pinned entry, mutate a node, or read a clock (recency comes from the tree's injected clock
+through ``Candidate.last_used``).
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .tree import Node
+from .node import Kind, Node
 
 MiB = 1 << 20
-
-
-class Kind(enum.Enum):
-    HOT = "hot"  # a frozen snapshot in memory, under the hot (memory) budget
-    COLD = "cold"  # a checkpoint on disk, under the cold (disk) budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +109,24 @@ def cold_evictable(node: Node, gone: AbstractSet[int] = frozenset()) -> bool:
             and not any(c.cold is not None and c.cold.delta and c.id not in gone for c in node.children.values()))
 
 
-def plan(nodes: Mapping[int, Node], hot_excess: int, cold_excess: int,
-         strategy: EvictionStrategy) -> tuple[list[tuple[Candidate, float]], list[tuple[Candidate, float]]]:
-    """Hot and cold victims (with their keys) to free ``hot_excess`` and ``cold_excess`` bytes."""
+@dataclass(frozen=True)
+class EvictionPlan:
+    """Victims, each with its strategy key, in the order they were chosen: ``hot`` snapshots and ``cold``
+    checkpoints (leaves first: dropping them in order never cascades)."""
+
+    hot: tuple[tuple[Candidate, float], ...]
+    cold: tuple[tuple[Candidate, float], ...]
+
+    def inflation(self, kind: Kind, current: float) -> float:
+        """GreedyDual's ``L`` for ``kind`` once the plan is applied: the largest key evicted so far (forced victims
+        do not count)."""
+        victims = self.hot if kind is Kind.HOT else self.cold
+        return max([current, *(key for c, key in victims if not c.forced)])
+
+
+def plan(nodes: Mapping[int, Node], hot_excess: int, cold_excess: int, strategy: EvictionStrategy) -> EvictionPlan:
+    """The hot and cold victims that free ``hot_excess`` and ``cold_excess`` bytes (all of the evictable ones when
+    that is not enough), and every unpinned entry below a non-cacheable call."""
     hot = [candidate(n, Kind.HOT) for n in nodes.values() if n.hot is not None and n.pins == 0]
     gone: set[int] = set()
 
@@ -127,4 +137,5 @@ def plan(nodes: Mapping[int, Node], hot_excess: int, cold_excess: int,
         return [candidate(parent, Kind.COLD)] if parent is not None and cold_evictable(parent, gone) else []
 
     cold = [candidate(n, Kind.COLD) for n in nodes.values() if cold_evictable(n)]
-    return choose(hot, hot_excess, strategy), choose(cold, cold_excess, strategy, unlocked)
+    return EvictionPlan(hot=tuple(choose(hot, hot_excess, strategy)),
+                        cold=tuple(choose(cold, cold_excess, strategy, unlocked)))

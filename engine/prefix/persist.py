@@ -27,9 +27,10 @@ import msgspec
 from bunshin.envs.framing import Checksum, Format, FramingError
 from bunshin.envs.records import Observation, ToolCall, canonical
 
-from .errors import StoreFull, StoreWriteFailed
-from .eviction import EvictionStrategy, Kind
-from .tree import ISSUERS_KEPT, Admission, Namespace, Node, PrefixError, PrefixTree
+from .errors import CorruptTreeFile, StoreFull, StoreWriteFailed, TreeMisuse
+from .eviction import EvictionStrategy
+from .node import Kind, Namespace, Node
+from .tree import ISSUERS_KEPT, Admission, PrefixTree
 
 MAGIC, VERSION = b"BUNSHTRE", 1
 FORMAT = Format("prefix tree file", MAGIC, VERSION, Checksum.CRC32, max_body=1 << 32)
@@ -70,10 +71,6 @@ class TreeFile(msgspec.Struct, frozen=True, kw_only=True):
 _encode = msgspec.msgpack.Encoder().encode
 _decode_file = msgspec.msgpack.Decoder(TreeFile).decode
 _decode_any, _decode_obs = msgspec.msgpack.Decoder().decode, msgspec.msgpack.Decoder(Observation).decode
-
-
-class _Corrupt(ValueError):
-    """A file that framed and decoded but does not describe a valid tree."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +166,7 @@ def load_tree(path: Path | str, *, clock: Callable[[], float],
     try:
         _build(loaded, _decode_file(body), ok, known_checkpoints)
         loaded.tree.check()
-    except (ValueError, PrefixError, AssertionError) as exc:  # msgspec's DecodeError is a ValueError
+    except (ValueError, CorruptTreeFile, TreeMisuse, AssertionError) as exc:  # msgspec's DecodeError is a ValueError
         return Loaded(fresh(), reason=f"{path}: {exc or type(exc).__name__}; starting with an empty tree")
     return loaded
 
@@ -183,25 +180,25 @@ def _build(loaded: Loaded, file: TreeFile, ok: Callable[[Namespace], bool], know
             loaded.stale_checkpoints += [r.cold.checkpoint_id for r in space.nodes if r.cold is not None]
             continue
         if space.ns in tree.roots or not space.nodes:
-            raise _Corrupt(f"namespace {space.ns} twice or without a root")
+            raise CorruptTreeFile(f"namespace {space.ns} twice or without a root")
         nodes: list[Node] = []
         for i, r in enumerate(space.nodes):
             if r.obs_kind not in (0, 1):
-                raise _Corrupt(f"node {i}: unknown observation kind {r.obs_kind}")
+                raise CorruptTreeFile(f"node {i}: unknown observation kind {r.obs_kind}")
             obs = (_decode_obs if r.obs_kind else _decode_any)(r.observation)
             if i == 0:
                 if r.parent != -1 or r.key:
-                    raise _Corrupt("a namespace's first node is not its root")
+                    raise CorruptTreeFile("a namespace's first node is not its root")
                 node = tree.root(space.ns, obs)
             else:
                 if not 0 <= r.parent < i:
-                    raise _Corrupt(f"node {i} names parent {r.parent}")
+                    raise CorruptTreeFile(f"node {i} names parent {r.parent}")
                 parent, call = nodes[r.parent], msgspec.json.decode(r.key, type=ToolCall)
                 if canonical(call) != r.key or r.key in parent.children:
-                    raise _Corrupt(f"node {i}: a call not in canonical form, or twice under its parent")
+                    raise CorruptTreeFile(f"node {i}: a call not in canonical form, or twice under its parent")
                 node = tree.restore(parent, call, obs, r.tool_s)  # its flags are set once its subtree is in
             if node.digest != r.digest:
-                raise _Corrupt(f"node {i}: digest {r.digest} but its path gives {node.digest}")
+                raise CorruptTreeFile(f"node {i}: digest {r.digest} but its path gives {node.digest}")
             node.hits, node.last_used = r.hits, now - r.age_s
             if r.cold is not None:
                 gone = known is not None and r.cold.checkpoint_id not in known

@@ -1,135 +1,35 @@
-"""The tool-prefix tree as a pure data structure: which workspace states exist, who stands on them, what to evict.
+"""The tool-prefix tree as a pure data structure: which workspace states exist, who stands on them, where a state
+is rebuilt from, what to evict.
 
-A namespace (suite, task, configuration digest) has one root, the task's initialised workspace; a node below it
-stands for the workspace after one more canonical call, and keeps that call's observation, its tool-seconds and a
-hot entry (a frozen snapshot handle and its bytes), a cold entry (a checkpoint id and its bytes on disk), both, or
-neither (absent: its observation still serves hits; its state is rebuilt by replaying calls from the nearest
-ancestor that has an entry, ``rebuild_path``). Samples pin the node they stand on or fork from; budget eviction
-never touches a pinned entry. A pin protects only its node's entries: a snapshot is a standalone frozen fork, so an
-unpinned ancestor's snapshot may go while a descendant is in use; a checkpoint stored as a delta on its parent's
-keeps that parent's checkpoint (and, transitively, its chain) from eviction. Explicit drops (``drop_hot``,
-``drop_cold``: a broken snapshot, a corrupt checkpoint) are the engine's and ignore pins.
+The records (``Namespace``, ``Node`` and its entries) are ``node.py``'s. Samples pin the node they stand on or fork
+from; budget eviction never touches a pinned entry. A pin protects only its node's entries: a snapshot is a
+standalone frozen fork, so an unpinned ancestor's snapshot may go while a descendant is in use; a checkpoint stored
+as a delta on its parent's keeps that parent's checkpoint (and, transitively, its chain) from eviction. Explicit
+drops (``drop_hot``, ``drop_cold``: a broken snapshot, a corrupt checkpoint) are the engine's and ignore pins.
 
 Owns: nodes, their entries and pins, the per-(node, call) issue counts behind admission, the byte accounting
-against both budgets, choosing and applying evictions (``evict`` removes the entries at once and hands them back:
-the engine closes the snapshots and deletes the checkpoints afterwards), statistics, and ``check``, the invariants.
+against both budgets, the rebuild rule (``plan_rebuild``: a ``RebuildPlan`` the cache executes), applying the
+eviction rule (``eviction.plan``; ``evict`` removes the entries at once and hands them back: the engine closes the
+snapshots and deletes the checkpoints afterwards), statistics, and ``check``, the invariants.
 Must never: touch a workspace or the disk, read a clock (it is injected), await, share a node between namespaces,
 or remove a node record (an entry goes; the node, its call and observation stay, so replay can rebuild it).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
 from bunshin.envs.records import ToolCall, canonical
 
-from ..errors import EngineError
-from .eviction import LRU, Candidate, EvictionStrategy, Kind, cold_evictable, plan
+from .errors import TreeMisuse
+from .eviction import LRU, EvictionStrategy, cold_evictable, plan
+from .node import ColdEntry, HotEntry, Kind, Namespace, Node, State
 
 ISSUERS_KEPT = 16  # distinct issuers remembered per (node, call) that was not admitted: bounds the memory
-
-
-class PrefixError(EngineError):
-    """Misuse of the prefix tree (a node of another tree, a delta without its base, a release too many)."""
-
-
-class Namespace(msgspec.Struct, frozen=True, kw_only=True):
-    """What must be equal for two workspaces to share prefixes. ``config``: a digest of the workspace configuration
-    and code version (``Namespace.digest``); a changed suite or code starts a new namespace."""
-
-    suite: str
-    task_id: str
-    config: str
-
-    @staticmethod
-    def digest(*parts: Any) -> str:
-        return hashlib.sha256(msgspec.json.encode(parts, order="sorted")).hexdigest()[:16]
-
-
-class State(enum.Enum):
-    ABSENT = "absent"
-    HOT = "hot"
-    COLD = "cold"
-    BOTH = "hot+cold"
-
-
-@dataclass(frozen=True, slots=True)
-class HotEntry:
-    handle: object  # the engine's snapshot (a frozen ``Snapshot``); opaque here
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ColdEntry:
-    """``delta``: stored relative to the parent's checkpoint, so it is readable only while the parent's cold entry
-    exists; the tree never evicts a checkpoint a child's delta builds on."""
-
-    checkpoint_id: str
-    nbytes: int
-    delta: bool = False
-
-
-@dataclass(eq=False)
-class Node:
-    id: int
-    ns: Namespace
-    call: ToolCall | None  # None at a root
-    key: bytes  # canonical(call); b"" at a root
-    observation: object
-    parent: Node | None
-    tool_s: float = 0.0  # what the call took, what a hit on it saves
-    children: dict[bytes, Node] = field(default_factory=dict)
-    hot: HotEntry | None = None
-    cold: ColdEntry | None = None
-    pins: int = 0
-    hits: int = 0
-    last_used: float = 0.0
-    non_cacheable: bool = False
-    issues: dict[bytes, set[Hashable]] = field(default_factory=dict)  # calls issued here that are not children
-    inflation: dict[Kind, float] = field(default_factory=dict)  # the tree's GreedyDual L at the last use
-    digest: str = ""  # stable across runs: (namespace, canonical path); a name for its checkpoint
-
-    @property
-    def depth(self) -> int:
-        return sum(1 for _ in self.ancestors()) - 1
-
-    @property
-    def state(self) -> State:
-        if self.hot is not None:
-            return State.BOTH if self.cold is not None else State.HOT
-        return State.COLD if self.cold is not None else State.ABSENT
-
-    def ancestors(self) -> Iterator[Node]:
-        """This node, its parent, ... its root."""
-        node: Node | None = self
-        while node is not None:
-            yield node
-            node = node.parent
-
-    @property
-    def root(self) -> Node:
-        """The root of this node's namespace."""
-        *_, root = self.ancestors()
-        return root
-
-    @property
-    def dead(self) -> bool:
-        """Below (or at) a non-cacheable call: nothing serves from it, its entries go at the next eviction."""
-        return any(n.non_cacheable for n in self.ancestors())
-
-    def calls(self) -> list[ToolCall]:
-        """The calls from the root to this node."""
-        return [n.call for n in reversed(list(self.ancestors())) if n.call is not None]
-
-    def __repr__(self) -> str:
-        what = self.call.name if self.call is not None else "root"
-        return f"<Node {self.id} {what} depth={self.depth} {self.state.value} pins={self.pins}>"
 
 
 class Admission:
@@ -155,7 +55,7 @@ class Pin:
 
     def move(self, node: Node) -> None:
         if self.released:
-            raise PrefixError("move() on a released pin")
+            raise TreeMisuse("move() on a released pin")
         self._tree._pin(node)
         self._tree._unpin(self.node)
         self.node = node
@@ -170,6 +70,37 @@ class Pin:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@dataclass(frozen=True, slots=True)
+class ForkHot:
+    """Fork ``node``'s snapshot."""
+
+    node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreCold:
+    """Restore ``node``'s checkpoint."""
+
+    node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class SetUp:
+    """Set the task up afresh: the state of ``node``, its namespace's root."""
+
+    node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildPlan:
+    """How to bring a workspace into a node's state: ``start`` (whose ``node`` is the target or an ancestor of it),
+    then ``replay``: the nodes strictly below the start's node down to the target, in order, each call executed and
+    its answer checked against the node's observation."""
+
+    start: ForkHot | RestoreCold | SetUp
+    replay: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
@@ -234,7 +165,7 @@ class PrefixTree:
 
     def _own(self, node: Node) -> Node:
         if self.nodes.get(node.id) is not node:
-            raise PrefixError(f"{node!r} is not a node of this tree")
+            raise TreeMisuse(f"{node!r} is not a node of this tree")
         return node
 
     def root(self, ns: Namespace, observation: object = None) -> Node:
@@ -309,17 +240,13 @@ class PrefixTree:
 
     def restore(self, parent: Node, call: ToolCall, observation: object, tool_s: float) -> Node:
         """A node as a saved tree had it (``persist.py``): no admission, nothing counted; a call already under
-        ``parent`` is refused (``ValueError``)."""
+        ``parent`` is refused (``TreeMisuse``)."""
         key = canonical(call)
-        if key in parent.children:
-            raise ValueError(f"{key} is already a child of {parent.digest}")
+        if key in self._own(parent).children:
+            raise TreeMisuse(f"{key.decode()} is already a child of {parent!r}")
         parent.issues.pop(key, None)
         node = parent.children[key] = self._new(parent.ns, call, observation, parent, tool_s)
         return node
-
-    def issues(self, parent: Node, call: ToolCall) -> int:
-        """Distinct issuers of ``call`` from ``parent`` not yet admitted (capped at ``ISSUERS_KEPT``)."""
-        return len(parent.issues.get(canonical(call), ()))
 
     def mark_non_cacheable(self, node: Node) -> None:
         """``node``'s call is not deterministic (replay answered differently): it and its subtree serve nothing
@@ -331,16 +258,13 @@ class PrefixTree:
         self._pin(node)
         return Pin(self, node)
 
-    def unpin(self, pin: Pin) -> None:
-        pin.release()
-
     def _pin(self, node: Node) -> None:
         self._own(node).pins += 1
         self.touch(node)
 
     def _unpin(self, node: Node) -> None:
         if node.pins <= 0:
-            raise PrefixError(f"{node!r} released more often than pinned")
+            raise TreeMisuse(f"{node!r} released more often than pinned")
         node.pins -= 1
 
     def set_hot(self, node: Node, handle: object, nbytes: int) -> HotEntry | None:
@@ -355,7 +279,7 @@ class PrefixTree:
         """``node``'s state is now on disk as ``checkpoint_id``; returns what it replaces (with the deltas that
         were built on the replaced checkpoint: the engine deletes them)."""
         if delta and (node.parent is None or node.parent.cold is None):
-            raise PrefixError(f"a delta checkpoint for {node!r} needs its parent's checkpoint")
+            raise TreeMisuse(f"a delta checkpoint for {node!r} needs its parent's checkpoint")
         old = [entry for _, entry in self.drop_cold(node)]
         node.cold = ColdEntry(checkpoint_id, _size(nbytes), delta)
         node.inflation[Kind.COLD] = self.inflation[Kind.COLD]
@@ -389,54 +313,51 @@ class PrefixTree:
             stack.extend(c for c in n.children.values() if c.cold is not None and c.cold.delta)
         return dropped
 
-    # -- replay -------------------------------------------------------------------------------------------------
-    def rebuild_path(self, node: Node) -> tuple[Node, list[ToolCall]]:
-        """Where ``node``'s state comes from: the nearest ancestor (itself included) with an entry and the calls
-        to replay from it, in order. When no node on the path has one, the root and every call: the caller sets
-        the task up afresh and replays. Pin the ancestor while replaying from it."""
-        if self._own(node).dead:
-            raise PrefixError(f"{node!r} is below a non-cacheable call: replay cannot rebuild it")
-        calls: list[ToolCall] = []
-        source = node
-        for source in node.ancestors():
-            if source.state is not State.ABSENT or source.parent is None:
-                break
-            calls.append(source.call)  # type: ignore[arg-type]
-        return source, calls[::-1]
+    # -- rebuilding a state -------------------------------------------------------------------------------------
+    def plan_rebuild(self, node: Node, *, restore_s: float | None) -> RebuildPlan:
+        """Where ``node``'s state comes from, in order of preference: the nearest snapshot on its path, itself
+        included (a fork shares the snapshot's memory); else the nearest checkpoint on it whose restore pays (a
+        restore is a private copy of the whole state, so it comes second even when it is nearer); else the task
+        set up afresh at the root. Then the nodes below the start, down to ``node``, are replayed.
+        ``restore_s``: what a restore takes (measured), None when this run cannot restore. A restore pays when it
+        and the calls below the checkpoint take less than every call on the path (a set-up forks the application's
+        root, sharing its memory, then replays them all). A start that fails (a broken snapshot, a corrupt
+        checkpoint) loses its entry: the cache plans again."""
+        path = list(self._own(node).ancestors())  # node, its parent, ... the root
+
+        def below(i: int) -> tuple[Node, ...]:
+            return tuple(reversed(path[:i]))
+
+        for i, source in enumerate(path):
+            if source.hot is not None:
+                return RebuildPlan(ForkHot(source), below(i))
+        if restore_s is not None:
+            whole = sum(n.tool_s for n in path)
+            for i, source in enumerate(path):
+                if source.cold is not None and restore_s + sum(n.tool_s for n in below(i)) < whole:
+                    return RebuildPlan(RestoreCold(source), below(i))
+        return RebuildPlan(SetUp(path[-1]), below(len(path) - 1))
 
     # -- eviction -----------------------------------------------------------------------------------------------
-    def plan_evictions(self) -> tuple[list[Candidate], list[Candidate]]:
-        """What ``evict()`` would drop (hot victims, cold victims), without dropping anything."""
-        hot, cold = self._plan()
-        return [c for c, _ in hot], [c for c, _ in cold]
-
-    def _plan(self) -> tuple[list[tuple[Candidate, float]], list[tuple[Candidate, float]]]:
-        return plan(self.nodes, _excess(self.bytes_hot, self.hot_budget), _excess(self.bytes_cold, self.cold_budget),
-                    self.strategy)
-
     def evict(self) -> Evictions:
         """Drop what the strategy chose to get back under both budgets (and every unpinned entry below a
         non-cacheable call). If only pinned entries are left the tree stays over budget until they are released;
-        ``over_budget()`` says so, and the engine should take no new snapshot meanwhile (``fits_hot``)."""
-        hot_victims, cold_victims = self._plan()
-        for kind, victims in ((Kind.HOT, hot_victims), (Kind.COLD, cold_victims)):
-            for c, key in victims:  # GreedyDual's L: the largest key evicted so far (forced ones do not count)
-                if not c.forced:
-                    self.inflation[kind] = max(self.inflation[kind], key)
+        the engine should take no new snapshot meanwhile (``fits_hot``)."""
+        chosen = plan(self.nodes, _excess(self.bytes_hot, self.hot_budget),
+                      _excess(self.bytes_cold, self.cold_budget), self.strategy)
+        for kind in Kind:
+            self.inflation[kind] = chosen.inflation(kind, self.inflation[kind])
         out = Evictions()
-        for c, _ in hot_victims:
+        for c, _ in chosen.hot:
             node = self.nodes[c.node_id]
             out.hot.append((node, self.drop_hot(node)))  # type: ignore[arg-type]
-        for c, _ in cold_victims:  # leaves first: no drop cascades
+        for c, _ in chosen.cold:  # leaves first: no drop cascades
             node = self.nodes[c.node_id]
             (dropped,) = self.drop_cold(node)
             out.cold.append(dropped)
         self._counts["evicted_hot"] += len(out.hot)
         self._counts["evicted_cold"] += len(out.cold)
         return out
-
-    def over_budget(self) -> bool:
-        return _excess(self.bytes_hot, self.hot_budget) > 0 or _excess(self.bytes_cold, self.cold_budget) > 0
 
     def fits_hot(self, nbytes: int) -> bool:
         """Whether a new snapshot of ``nbytes`` would stay within the hot budget once every unpinned hot entry
@@ -501,7 +422,7 @@ class PrefixTree:
 
 def _size(nbytes: int) -> int:
     if nbytes < 0:
-        raise PrefixError(f"an entry's size is >= 0 bytes, got {nbytes}")
+        raise TreeMisuse(f"an entry's size is >= 0 bytes, got {nbytes}")
     return nbytes
 
 

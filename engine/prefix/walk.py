@@ -4,7 +4,8 @@ Owns: the sample's position (its calls so far, the node standing for them when t
 workspace when it has one and how far behind the position that workspace is, the catch-up that brings it level in
 the background (replaying cached calls while the model reasons), executing a missed call, offering it to the tree
 (admission) and snapshotting an admitted node before the workspace moves on, and scoring at the end (a reward the
-same final call earned on the same node is reused).
+same final call earned on the same node is reused), and its background work: the catch-ups (a ``TaskScope``
+cancelled in ``close``) and the snapshot and workspace closes (another, finished in ``close``).
 Must never: answer a call with an observation the workspace would not give (every cached answer comes from a node
 on the sample's exact path; every replay is checked), use a workspace while a snapshot of it is being taken, or
 leave its workspace or pin behind (``close``).
@@ -13,17 +14,19 @@ leave its workspace or pin behind (``close``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from bunshin.envs.records import Observation, ToolCall
+from bunshin.envs.runtime.task_scope import TaskScope, run_to_end
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
 
 from .cache import PrefixCache, Served, same_observation, served
-from .tree import Node, Pin
+from .errors import PrefixError
+from .node import Node
+from .tree import Pin
 
 Execute = Callable[[Workspace, ToolCall, float], Awaitable[Observation]]
 
@@ -52,6 +55,8 @@ class Walk:
         self.ws: Workspace | None = None
         self.ws_depth = 0  # how many calls of ``path`` the workspace has taken
         self.rebuilt = False  # the workspace was rebuilt by replay and has not executed a call of its own yet
+        self._catch_ups = TaskScope("walk-catch-up")  # cancelled when the walk closes
+        self._work = TaskScope("walk")  # snapshots and closes of this walk's workspaces: finished when it closes
         self.catching_up: asyncio.Task[None] | None = None
         self.snapshotting: asyncio.Task[None] | None = None
         self.lineage: list[str] = []
@@ -95,7 +100,7 @@ class Walk:
         parent = self.node
         old, self.ws = self.ws, ws
         if old is not None:
-            self.cache.spawn(old.close())
+            self._close_later(old)
         self.rebuilt = False
         self.path.append(call)
         self.ws_depth = len(self.path)
@@ -123,7 +128,7 @@ class Walk:
         if not existed:
             self.cache.forget_answer(parent, call)
             self.cache.changed()
-            self.snapshotting = asyncio.ensure_future(self.cache.keep(node, ws, proven=False))
+            self.snapshotting = self._work.start_soon(run_to_end(self.cache.keep(node, ws, proven=False)))
 
     def _find_node(self, record: Served | None = None) -> None:
         """Stand on the node for ``path`` if another sample made one (checking our answer against it)."""
@@ -169,7 +174,7 @@ class Walk:
         if node is not None and node.hot is not None:
             if self.catching_up is None and self.ws is not None:
                 ws, self.ws = self.ws, None
-                self.cache.spawn(ws.close())
+                self._close_later(ws)
             return
         previous = self.catching_up
         depth = len(self.path)
@@ -179,7 +184,7 @@ class Walk:
                 await previous
             await self._catch_up(depth)
 
-        self.catching_up = asyncio.ensure_future(catch_up())
+        self.catching_up = self._catch_ups.start_soon(catch_up())
 
     async def _catch_up(self, depth: int) -> None:
         """Bring the sample's workspace to ``path[:depth]``: fork the node's snapshot, or replay the cached calls
@@ -202,18 +207,16 @@ class Walk:
                 self.rebuilt = True
         self.fork_s += time.monotonic() - started
         if self.ws is not None:
-            self.cache.spawn(self.ws.close())
+            self._close_later(self.ws)
         self.ws, self.ws_depth = fresh, depth
         self.lineage.append(fresh.id)
 
     def _node_at(self, depth: int) -> Node:
         """The node standing for ``path[:depth]`` (the sample stands on, or below, it: it is pinned through it)."""
-        node = self.node
-        if node is None:
-            raise RuntimeError("a walk off the tree has its own workspace at its position")
-        while node.depth > depth:
-            node = node.parent  # type: ignore[assignment]
-        return node
+        if self.node is None:
+            raise PrefixError("a walk off the tree has its own workspace at its position: no node to stand on")
+        chain = list(self.node.ancestors())  # chain[k]: k calls above the node the sample stands on
+        return chain[max(0, len(chain) - 1 - depth)]
 
     # -- the end ----------------------------------------------------------------------------------------------
     async def evaluate(self, final: ToolCall) -> float:
@@ -228,17 +231,25 @@ class Walk:
         self.cache.keep_reward(self.node, final, reward)
         return reward
 
+    def _close_later(self, ws: Workspace) -> None:
+        """Close ``ws`` (a workspace this walk no longer uses) in the background; ``close`` waits for it."""
+        self._work.start_soon(run_to_end(ws.close()))
+
     async def close(self) -> None:
-        """Release the pin, stop the catch-up, close the workspace (whatever happened)."""
-        for task in (self.catching_up, self.snapshotting):
-            if task is not None and not task.done():
-                if task is self.catching_up:
-                    task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        self.catching_up = self.snapshotting = None
-        if self.pin is not None:
-            self.pin.release()
-        if self.ws is not None:
-            ws, self.ws = self.ws, None
-            await ws.close()
+        """Stop the catch-ups, finish the snapshot and the closes under way, release the pin, close the workspace
+        (whatever happened; a cancellation of the caller is re-raised once all of it is done)."""
+        try:
+            try:
+                await self._catch_ups.aclose()
+            finally:
+                try:
+                    await self._work.join()
+                finally:
+                    await self._work.aclose()
+        finally:
+            self.catching_up = self.snapshotting = None
+            if self.pin is not None:
+                self.pin.release()
+            if self.ws is not None:
+                ws, self.ws = self.ws, None
+                await run_to_end(ws.close())

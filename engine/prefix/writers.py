@@ -23,11 +23,12 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiofiles
 import aiofiles.os
 import msgspec
+
+from bunshin.envs.runtime.task_scope import run_to_end
 
 from .errors import StoreError
 from .layer_delta import fsync_dir
@@ -142,23 +143,24 @@ class CheckpointWriters:
             parent = parent_layer = None  # the parent was dropped or never written: this node stands alone
         layer = job.layer
         try:
-            parts = await job.parts() if callable(job.parts) else job.parts
+            got = await job.parts() if callable(job.parts) else job.parts
         except Exception as exc:  # the snapshot could not give its state: the node stays as it is
             return WriteFailed(node_id=job.node_id, kind="source", reason=f"{type(exc).__name__}: {exc}")
-        if isinstance(parts, Prepared):
-            parts, layer = parts.parts, parts.layer
+        parts = got.parts if isinstance(got, Prepared) else got
+        if isinstance(got, Prepared):
+            layer = got.layer
         try:
-            plan = await _whole(asyncio.to_thread(store.plan_node, job.node_id, parts, layer, parent=parent,
+            plan = await run_to_end(asyncio.to_thread(store.plan_node, job.node_id, parts, layer, parent=parent,
                                                   parent_layer=parent_layer), undo=store.abort)
         except (StoreError, OSError) as exc:  # a bad node id, an unreadable layer
             return WriteFailed(node_id=job.node_id, kind="io", reason=str(exc))
         try:
             for pending in plan.chunks:
-                await _whole(self._place(plan, pending))
+                await run_to_end(self._place(plan, pending))
             for directory in {p.final.parent for p in plan.chunks}:
-                await _whole(asyncio.to_thread(fsync_dir, directory))
-            await _whole(self._place(plan, plan.manifest_file))
-            await _whole(asyncio.to_thread(fsync_dir, store.nodes))
+                await run_to_end(asyncio.to_thread(fsync_dir, directory))
+            await run_to_end(self._place(plan, plan.manifest_file))
+            await run_to_end(asyncio.to_thread(fsync_dir, store.nodes))
         except OSError as exc:
             store.abort(plan)
             error = store.translate(exc, plan)
@@ -219,22 +221,3 @@ async def open_writers(store: CheckpointStore, *, workers: int = 2, backlog: int
             await writers._close(abandon=True)
             raise
         await writers._close(abandon=abandon_on_exit)
-
-
-async def _whole(aw: Awaitable[Any], undo: Callable[[Any], None] | None = None) -> Any:
-    """Await ``aw`` to its end even if cancelled meanwhile (threads cannot be interrupted: a file is never left
-    half-written by us), then re-raise the cancellation, handing a result nobody will use to ``undo``."""
-    task = asyncio.ensure_future(aw)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait([task])
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        if undo is not None and not task.cancelled() and task.exception() is None:
-            undo(task.result())
-        raise asyncio.CancelledError
-    return task.result()
-
-
