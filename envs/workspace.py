@@ -1,4 +1,4 @@
-"""The engine's handle on one workspace: the Workspace contract of DESIGN.md section 3, over a host's socket.
+"""The engine's handle on one workspace: the Workspace contract of docs/design.md section 3, over a host's socket.
 
 Owns: sending one request at a time to a host and typing its reply, the deadline of every tool call (a host that
 overruns it is stopped and the workspace reported broken with that reason), noticing a host that died or hit its
