@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "prefix,full)")
     ep.add_argument("--policy", choices=["grounded", "scripted"], default="grounded")
     ep.add_argument("--detour-p", type=float, metavar="P",
-                    help="the policy's detour probability (default: its own, 0.15; the issue's selector "
+                    help="the policy's detour probability (default: its own, 0.15; the selector "
                          "accuracy is reported at 0, 0.15 and 0.3)")
     ep.add_argument("--tasks", type=int, default=10, help="groups per epoch: one task each, across templates")
     ep.add_argument("--group-size", type=int, default=6,

@@ -1,6 +1,6 @@
 """Workspaces and what runs in them.
 
-The public face: ``WorkspaceRuntime`` (a run's workspaces), ``Workspace``/``Snapshot`` (the contract of DESIGN.md
+The public face: ``WorkspaceRuntime`` (a run's workspaces), ``Workspace``/``Snapshot`` (the contract of docs/design.md
 section 3), the records (``ToolCall`` and its ``canonical`` key, ``Observation``, ``AppSpec``, ``Limits``,
 ``MemoryStats``), the errors (root ``EnvsError``), ``derive_seed``, and the application contract in
 ``bunshin.envs.app``. Inside: ``runtime/`` (hosts, workers, nursery, namespaces, layers, cgroups, and the live fork

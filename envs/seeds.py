@@ -1,4 +1,4 @@
-"""Seeds: every random choice takes a seed derived from its context (DESIGN.md section 4).
+"""Seeds: every random choice takes a seed derived from its context (docs/design.md section 4).
 
 Owns: ``derive_seed``, stable across processes and Python versions (no ``hash()``).
 """

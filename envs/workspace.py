@@ -1,4 +1,4 @@
-"""The Workspace contract of DESIGN.md section 3: what the engine and the suites may ask of a workspace.
+"""The Workspace contract of docs/design.md section 3: what the engine and the suites may ask of a workspace.
 
 Owns: the abstract ``Workspace`` (run a tool call, fork, snapshot, image, memory, charge, close) and ``Snapshot``
 (a frozen fork: it runs no tools), the ``ForkTiming`` a clone reports, the ``WorkspaceImage`` protocol of a durable

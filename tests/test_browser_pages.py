@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bunshin.envs.webshop.browser import dom
 from bunshin.envs.webshop.browser.browser import Browser, BrowserError
 from bunshin.envs.webshop.browser.loader import Response
 
@@ -121,7 +122,7 @@ def test_directory_redirect_404_and_content_types(browser: Browser, site: str) -
     obs = browser.observe()
     assert obs.data["status"] == 404 and "404" in obs.output  # the server's error page is shown
     do(browser, "goto [/notes.txt]")
-    assert browser.page.document.query_selector("pre").text_content() == "plain <b>text</b>\nsecond line"
+    assert dom.query_selector(browser.page.document, "pre").text_content() == "plain <b>text</b>\nsecond line"
     assert "StaticText 'plain <b>text</b> second line'" in browser.observe().output
     do(browser, "goto [/data.bin]")
     obs = browser.observe()

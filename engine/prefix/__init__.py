@@ -1,1 +1,1 @@
-"""Tool-prefix caching (issue 10): the prefix tree of workspace snapshots, its cold checkpoints, their writers."""
+"""Tool-prefix caching (docs/prefix.md): the prefix tree of workspace snapshots, its cold checkpoints, their writers."""

@@ -113,9 +113,4 @@ def diagnose() -> Report:
     verdict = (not missing, "ready" if not missing else "missing: " + ", ".join(missing))
     report.backends["cow"] = verdict
     report.backends["restore"] = verdict
-    report.backends["replay"] = (False, "not built yet (rollout engine issue)")
-    # the module grafts processes (kmod/); the engine's workspaces do not drive it yet
-    report.backends["kmod"] = (False, kmod.detail + "; the engine does not use it yet")
-    report.backends["docker"] = (False, "not built yet" + ("" if report.ok("docker daemon") else "; no daemon"))
-    report.backends["ksm"] = (False, "not built yet" + ("" if report.ok("KSM") else "; no KSM"))
     return report

@@ -1,4 +1,4 @@
-"""Memory accounting for workspaces, measured as DESIGN.md section 5 asks: PSS from smaps_rollup summed over a
+"""Memory accounting for workspaces, measured as docs/design.md section 5 asks: PSS from smaps_rollup summed over a
 workspace's processes, cross-checked against its cgroup charge.
 
 Owns: reading /proc/PID/smaps_rollup (and page tables from /proc/PID/status) into MemoryStats, and ``RunMemory``:

@@ -92,10 +92,6 @@ def load_task(path: str | Path) -> WebArenaTask:
     return task
 
 
-def load_tasks(paths: list[str | Path]) -> list[WebArenaTask]:
-    return [load_task(p) for p in paths]
-
-
 def check_supported(task: WebArenaTask, path: str | Path) -> None:
     other_sites = sorted(set(task.sites) - SUPPORTED_SITES)
     if other_sites:

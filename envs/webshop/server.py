@@ -88,7 +88,7 @@ class ShopServer(WorkerApp):
         SQLite reopened on the restored workspace's copy of the database.
 
         The session-id stream (``ctx.rng``) is not restored from the source, on purpose: a clone's random state
-        is seeded from the clone's own seed (DESIGN section 4), which is what a live fork does too (a ``cow``
+        is seeded from the clone's own seed (docs/design.md section 4), which is what a live fork does too (a ``cow``
         clone's worker is reseeded with ``derive_seed(clone seed, "worker", index)``, the same seed this
         re-spawned worker got), so both backends draw the same session ids after a fork, and two clones of one
         source do not share a stream."""

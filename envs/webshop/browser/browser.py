@@ -265,7 +265,7 @@ class Browser:
         if not selector.strip():
             return dom.outer_text(dom.body_of(document))
         try:
-            node = document.query_selector(selector)
+            node = dom.query_selector(document, selector)
         except dom.SelectorError as error:
             raise PageSelectorError(str(error)) from error
         return dom.outer_text(node) if node is not None else ""
@@ -478,7 +478,7 @@ class Browser:
         self.page.changed()
 
     def _base_url(self) -> str:
-        base = self.page.document.query_selector("base[href]")
+        base = dom.query_selector(self.page.document, "base[href]")
         try:
             return join_url(self.page.url, base.attrs["href"]) if base is not None else self.page.url
         except BrowserError:

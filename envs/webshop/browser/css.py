@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ...errors import EnvsError
-
-if TYPE_CHECKING:
-    from .dom import Node
+from .node import Node
 
 
 class SelectorError(EnvsError, ValueError):

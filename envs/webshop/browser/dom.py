@@ -1,10 +1,10 @@
 """The document model of the text browser: HTML parsed into a tree of nodes and the page's rendered text
-(``outerText``). Its CSS selector subset (``css.py``) and form helpers (``forms.py``) are re-exported here, so
-``dom.Selector``, ``dom.form_fields`` and friends name them.
+(``outerText``). Its node (``node.py``), CSS selector subset (``css.py``) and form helpers (``forms.py``) are
+re-exported here, so ``dom.Node``, ``dom.Selector``, ``dom.form_fields`` and friends name them.
 
-Owns: ``Node`` (one element, text node or the document; form state such as a typed value lives on the node),
-``parse`` / ``parse_html`` (standard library ``html.parser``, tolerant of unclosed tags, void elements known),
-``page_title``, ``body_of`` and ``outer_text``.
+Owns: ``parse`` / ``parse_html`` (standard library ``html.parser``, tolerant of unclosed tags, void elements known),
+``query_selector`` / ``query_selector_all`` (a tree's descendants matching a selector), ``page_title``,
+``body_of`` and ``outer_text``.
 
 Bounded on any input (the agent chooses the pages it opens, so a page is hostile input):
 - Parsing is linear: the markup is fed in ``FEED_CHUNK`` pieces; the implied-end-tag rules and end tags find their
@@ -18,17 +18,15 @@ Bounded on any input (the agent chooses the pages it opens, so a page is hostile
   character by character; selects never nest (a ``<select>`` closes an open one, as in HTML5).
 - Nothing walks a tree recursively (``iter``, ``outer_text``, the selectors, pickling are iterative: a deep tree
   never raises ``RecursionError``); ``find_by_id`` descends by document order (O(depth x log children)).
-- A tree pickles as a flat list (a restore checkpoint of a deep page does not recurse).
+- A tree pickles as a flat list (``node.py``).
 Must never: do I/O or know about tabs, history or the accessibility tree; node ids are document order only.
 """
 
 from __future__ import annotations
 
-import bisect
 import html
 import html.parser
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .css import Selector, SelectorError
@@ -48,6 +46,7 @@ from .forms import (
     options_of,
     selected_option,
 )
+from .node import DOCUMENT, TEXT, Node
 
 VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
                   "track", "wbr"})
@@ -72,9 +71,6 @@ _IMPLIED_END = {
 }
 _P_CLOSERS = BLOCK - {"body", "html", "option", "select", "textarea", "tbody", "thead", "tfoot", "tr", "dd", "dt"}
 
-TEXT = "#text"
-DOCUMENT = "#document"
-
 # Blink's HTML parser nests at most 512 elements (kMaximumHTMLParserDOMTreeDepth); deeper ones become children of
 # the deepest allowed element. Real pages are a few dozen deep (the shop's: under 10).
 MAX_DEPTH = 512
@@ -93,144 +89,6 @@ FEED_CHUNK = 256 << 10
 # 4 MB/s), so a tag still open after this many characters ends the page (truncated). Real tags are far shorter;
 # a long one is an inline data: URL.
 MAX_TAG_CHARS = 256 << 10
-
-
-class Node:
-    """An element (``tag`` lower case), a text node (``tag == "#text"``) or the document (``"#document"``).
-
-    ``node_id`` is the node's position in document order (the document is 1), assigned once after parsing: the same
-    page always gives the same ids. ``value``/``checked`` are form state changed by the user (None: the markup's
-    default).
-    """
-
-    __slots__ = ("tag", "attrs", "children", "parent", "text", "node_id", "value", "checked")
-
-    def __init__(self, tag: str, attrs: dict[str, str] | None = None, text: str = ""):
-        self.tag = tag
-        self.attrs: dict[str, str] = attrs or {}
-        self.children: list[Node] = []
-        self.parent: Node | None = None
-        self.text = text
-        self.node_id = 0
-        self.value: str | None = None
-        self.checked: bool | None = None
-
-    def __repr__(self) -> str:
-        if self.tag == TEXT:
-            return f"<text {self.text[:30]!r}>"
-        return f"<{self.tag} #{self.node_id} {self.attrs}>"
-
-    @property
-    def is_element(self) -> bool:
-        return not self.tag.startswith("#")
-
-    @property
-    def classes(self) -> list[str]:
-        return self.attrs.get("class", "").split()
-
-    def append(self, child: Node) -> None:
-        child.parent = self
-        self.children.append(child)
-
-    def iter(self) -> Iterator[Node]:
-        """This node and every descendant, in document order."""
-        stack = [self]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(reversed(node.children))
-
-    def elements(self) -> Iterator[Node]:
-        return (n for n in self.iter() if n.is_element)
-
-    def ancestors(self) -> Iterator[Node]:
-        node = self.parent
-        while node is not None:
-            yield node
-            node = node.parent
-
-    def closest(self, tag: str) -> Node | None:
-        """This node or its nearest ancestor with ``tag``."""
-        node: Node | None = self
-        while node is not None and node.tag != tag:
-            node = node.parent
-        return node
-
-    def text_content(self) -> str:
-        """Concatenated text of every descendant text node (like DOM ``textContent``), script and style included."""
-        return "".join(n.text for n in self.iter() if n.tag == TEXT)
-
-    @property
-    def outer_text(self) -> str:
-        return outer_text(self)
-
-    def query_selector(self, selector: str) -> Node | None:
-        return Selector(selector).first(self)
-
-    def query_selector_all(self, selector: str) -> list[Node]:
-        return Selector(selector).all(self)
-
-    def find_by_id(self, node_id: int) -> Node | None:
-        """The node numbered ``node_id`` in this subtree. Ids are document order, so each level's children are
-        sorted by id and the target lies under the last child whose id is not past it: a descent, not a scan.
-        (A tree that was never numbered, ids all 0, is scanned.)"""
-        if self.node_id <= 0 or node_id <= 0:
-            return next((n for n in self.iter() if n.node_id == node_id), None)
-        node = self
-        while node.node_id != node_id:
-            at = bisect.bisect_right(node.children, node_id, key=_node_id) - 1
-            if at < 0:
-                return None
-            node = node.children[at]
-        return node
-
-    def root(self) -> Node:
-        node = self
-        while node.parent is not None:
-            node = node.parent
-        return node
-
-    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        """Pickled flat: the root as a list of node records (no recursion, whatever the depth); any other node as
-        (its root, its position there), so every reference to a node unpickles to the same node of one tree."""
-        root = self.root()
-        if root is self:
-            return _rebuild, (_flatten(self),)
-        numbered = root.node_id == 1 and self.node_id > 0
-        key = self.node_id if numbered else next(i for i, n in enumerate(root.iter()) if n is self)
-        return _descendant, (root, numbered, key)
-
-
-def _node_id(node: Node) -> int:
-    return node.node_id
-
-
-def _flatten(root: Node) -> list[tuple[object, ...]]:
-    """Every node of ``root``'s tree in document order: (tag, attrs, text, id, value, checked, parent position)."""
-    position: dict[int, int] = {}
-    flat: list[tuple[object, ...]] = []
-    for index, node in enumerate(root.iter()):
-        position[id(node)] = index
-        parent = position[id(node.parent)] if node.parent is not None and node is not root else -1
-        flat.append((node.tag, node.attrs, node.text, node.node_id, node.value, node.checked, parent))
-    return flat
-
-
-def _rebuild(flat: list[tuple[object, ...]]) -> Node:
-    nodes: list[Node] = []
-    for tag, attrs, text, node_id, value, checked, parent in flat:
-        node = Node(tag, attrs, text)  # type: ignore[arg-type]
-        node.node_id, node.value, node.checked = node_id, value, checked  # type: ignore[assignment]
-        if parent >= 0:  # type: ignore[operator]
-            nodes[parent].append(node)  # type: ignore[index]
-        nodes.append(node)
-    return nodes[0]
-
-
-def _descendant(root: Node, numbered: bool, key: int) -> Node:
-    found = root.find_by_id(key) if numbered else next(n for i, n in enumerate(root.iter()) if i == key)
-    assert found is not None, f"node {key} is not in its pickled tree"
-    return found
 
 
 # -- parsing -------------------------------------------------------------------------------------------------------
@@ -399,13 +257,23 @@ def parse_html(markup: str) -> Node:
     return parse(markup).document
 
 
+def query_selector(root: Node, selector: str) -> Node | None:
+    """The first descendant of ``root`` matching the CSS ``selector`` (``SelectorError`` if unsupported)."""
+    return Selector(selector).first(root)
+
+
+def query_selector_all(root: Node, selector: str) -> list[Node]:
+    """Every descendant of ``root`` matching the CSS ``selector``, in document order."""
+    return Selector(selector).all(root)
+
+
 def page_title(document: Node) -> str:
-    title = document.query_selector("title")
+    title = query_selector(document, "title")
     return " ".join(title.text_content().split()) if title is not None else ""
 
 
 def body_of(document: Node) -> Node:
-    return document.query_selector("body") or document
+    return query_selector(document, "body") or document
 
 
 # -- rendered text -------------------------------------------------------------------------------------------------
@@ -473,5 +341,5 @@ __all__ = [
     "BUTTON_TYPES", "DOCUMENT", "MAX_DEPTH", "MAX_NODES", "Node", "Parsed", "SUBMIT_TYPES", "Selector",
     "SelectorError", "TEXT", "TEXT_INPUT_TYPES", "body_of", "enclosing_form", "field_value", "form_fields",
     "input_type", "is_checked", "is_submit", "is_text_field", "option_label", "option_value", "options_of",
-    "outer_text", "page_title", "parse", "parse_html", "selected_option"
+    "outer_text", "page_title", "parse", "parse_html", "query_selector", "query_selector_all", "selected_option"
 ]

@@ -8,11 +8,7 @@ Must never: change the nodes (typed values are set by the browser), or do I/O.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .dom import Node
-
+from .node import Node
 
 SUBMIT_TYPES = frozenset({"submit", "image"})
 BUTTON_TYPES = frozenset({"submit", "image", "button", "reset"})
