@@ -3,8 +3,8 @@
 Owns: building the workspace (cgroup, namespaces, root file system) at start, serving the engine's requests over
 its Unix socket one at a time, dispatching tool calls (the built-in ``shell`` to ``agents.py``, the rest to the
 application), and starting workers. The live fork's host side is ``fork/source.py`` and ``fork/clone.py``; the
-checkpoint and restore of the private-restore baseline are ``fork/checkpoint.py``. It runs single-threaded, which
-is what makes ``fork()`` safe.
+checkpoint and restore of the private-restore baseline are ``fork/checkpoint.py``; they are handed the host's
+``ForkState`` (``fork/state.py``), never the host. It runs single-threaded, which is what makes ``fork()`` safe.
 Must never: let an agent command inherit a descriptor of ours, run after the engine has died, or stop serving
 because of one bad request.
 

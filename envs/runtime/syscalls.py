@@ -15,10 +15,8 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 # clone/unshare flags (linux/sched.h)
 CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
@@ -29,21 +27,16 @@ MS_NODEV = 4
 MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
-MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 
 # prctl options
 PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
 PR_SET_NO_NEW_PRIVS = 38
 
 # mallopt parameters (glibc malloc.h)
-M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
