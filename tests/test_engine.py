@@ -28,6 +28,8 @@ from bunshin.engine.records import (
     write_jsonl,
 )
 from bunshin.engine.rollout import RolloutEngine
+from bunshin.engine.speculation.selector import TrainFileError
+from bunshin.engine.speculation.settings import SpecSettings
 from bunshin.envs import Limits, Observation, ToolCall, derive_seed
 from bunshin.envs.runtime import await_points
 from bunshin.envs.webshop import tasks as generator
@@ -36,6 +38,11 @@ from bunshin.policies.base import Decision, Policy, PolicyContext
 from bunshin.policies.scripted import ScriptedPolicy
 
 from .conftest import assert_no_leaks, cancel_at
+
+
+def tasks_since(before: set[asyncio.Task[object]]) -> set[asyncio.Task[object]]:
+    """The tasks alive now that were not alive before (the test's own excepted)."""
+    return {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()}
 
 CATALOG = 2000
 TASKS = ["0", "14", "42", "49"]  # review_count, cheapest_in_category, add_to_cart, checkout
@@ -171,6 +178,7 @@ async def test_cancelling_run_leaves_nothing_behind(state_dir, task_dir, loop_wa
 async def test_stream_yields_in_completion_order_and_an_early_exit_cleans_up(state_dir, task_dir,
                                                                              loop_watchdog) -> None:
     engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.05), concurrency=3, state_dir=state_dir)
+    before = set(asyncio.all_tasks())
     async with engine:
         seen = []
         async with contextlib.aclosing(engine.stream(engine.requests(TASKS, group_size=2, seed=3))) as results:
@@ -183,6 +191,21 @@ async def test_stream_yields_in_completion_order_and_an_early_exit_cleans_up(sta
         # a consumer that leaves without closing its stream: the engine stops the rest when it closes
         async for result in engine.stream(engine.requests(TASKS[:2], group_size=2, seed=4)):
             break
+    assert tasks_since(before) == set()  # its producer ended with the engine
+    await assert_no_leaks(engine.runtime)
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_fails_to_start_closes_what_it_started(state_dir, task_dir, tmp_path) -> None:
+    """The speculator's training file is not there: entering the engine raises that, after the runtime, the meter
+    and the speculator had started; each is closed again, and no task or workspace of it is left."""
+    before = set(asyncio.all_tasks())
+    engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.0), concurrency=2, state_dir=state_dir,
+                           speculation=SpecSettings(train_file=tmp_path / "missing.jsonl"))
+    with pytest.raises(TrainFileError, match="missing.jsonl"):
+        async with engine:
+            raise AssertionError("entered")
+    assert tasks_since(before) == set() and engine.speculator is None
     await assert_no_leaks(engine.runtime)
 
 

@@ -20,6 +20,7 @@ from bunshin.engine.records import Status, Trajectory
 from bunshin.envs import CallDeadlineExceeded, ForkFailed, Observation, ToolCall, WorkspaceBroken
 from bunshin.envs.suites.base import ActionError, SuiteStepFailed, SuiteTask
 from bunshin.policies.base import Decision, PolicyError
+from tests.quiet import all_tasks_blocked
 
 MiB = 1 << 20
 
@@ -269,6 +270,31 @@ def test_the_meters_detail_readings_peak_field_by_field() -> None:
     assert meter.detail_peaks() == {**dict.fromkeys(RunMemory.__struct_fields__, 0), "pss": 9, "page_tables": 4,
                                     "cgroup_charge": 10}
     assert [t for t, _ in meter.details] == [0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_the_meter_reads_in_its_own_tasks_until_stopped_then_once_more() -> None:
+    """``start`` runs the reading and the detailed reading in tasks of the meter's scope; ``stop`` ends both (no
+    task is left) and reads each once more, so a run shorter than an interval has its end on the timeline."""
+    from bunshin.envs.runtime.memory import RunMemory
+
+    readings: list[int] = []
+
+    def reading() -> int:
+        readings.append(len(readings))
+        return 1 << 20
+
+    before = set(asyncio.all_tasks())
+    meter = MemoryMeter(reading, 3600.0, detail=RunMemory, detail_interval_s=3600.0)
+    meter.start()
+    await all_tasks_blocked()
+    assert len({t for t in asyncio.all_tasks() if t not in before}) == 2  # the reading and the detailed one
+    assert readings == [0]  # the first reading; the next is an hour away
+    await meter.stop()
+    assert {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()} == set()
+    assert readings == [0, 1] and len(meter.timeline) == 2 and meter.details
+    await meter.stop()  # once stopped, stopping again reads nothing
+    assert readings == [0, 1]
 
 
 # -- the episode's moves -------------------------------------------------------------------------------------------

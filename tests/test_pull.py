@@ -23,6 +23,7 @@ from bunshin.envs.webshop import tasks as generator
 from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.base import Decision, Policy, PolicyContext, ServerConfigError
 from bunshin.policies.scripted import ScriptedPolicy
+from tests.quiet import all_tasks_blocked
 
 from .conftest import assert_no_leaks
 
@@ -73,11 +74,12 @@ def request(n: int, size: int) -> RolloutRequest:
     return RolloutRequest(task=TaskSpec(suite="t", task_id=str(n)), group_size=size, seed=0, group_id=f"g{n}")
 
 
-def runner(delays: random.Random, log: list[tuple[str, int]], fail_on: str | None = None
+def runner(delays: random.Random, log: list[tuple[str, int]], fail_on: str | None = None, scale_s: float = 0.02
            ) -> Callable[[RolloutRequest, Callable[[Trajectory], Awaitable[None]]], Awaitable[None]]:
+    """Groups whose rollouts take a random time up to ``scale_s`` (modelled), noted in ``log`` as they finish."""
     async def run_group(req: RolloutRequest, finish: Callable[[Trajectory], Awaitable[None]]) -> None:
         async def one(sample: int) -> None:
-            await asyncio.sleep(delays.random() * 0.02)
+            await asyncio.sleep(delays.random() * scale_s)
             if req.group_id == fail_on:
                 raise RuntimeError(f"bug in {req.group_id}")
             log.append((req.group_id, sample))
@@ -187,21 +189,47 @@ async def test_the_run_ahead_bound_stops_starts_until_the_version_moves() -> Non
     version = [0]
     finished: list[tuple[str, int]] = []
     puller = Puller((request(n, 2) for n in itertools.count()), batch_size=4, max_staleness=1, whole_groups=True,
-                    version=lambda: version[0], run_group=runner(random.Random(2), finished), peak_bytes=lambda: 0)
+                    version=lambda: version[0], run_group=runner(random.Random(2), finished, scale_s=0.0),
+                    peak_bytes=lambda: 0)
     puller.start()
     try:
-        await asyncio.sleep(0.3)  # an endless source: only (k + 1) * batch_size may start at version 0
+        await all_tasks_blocked()  # an endless source: only (k + 1) * batch_size may start at version 0
         assert puller.statistics()["started"] == 8 and len(finished) == 8
         batch = await puller.get_batch(4)
-        await asyncio.sleep(0.2)
+        await all_tasks_blocked()
         assert puller.statistics()["started"] == 8  # handing out alone does not let more start: the version does
         version[0] = 1
         puller.version_changed()
-        await asyncio.sleep(0.3)
+        await all_tasks_blocked()
         assert puller.statistics()["started"] == 12
         assert [r.staleness for r in batch] == [0] * 4
     finally:
         await puller.close()
+
+
+@pytest.mark.asyncio
+async def test_closing_the_puller_ends_its_producer_and_every_running_group() -> None:
+    """An endless source whose rollouts never end: ``close`` cancels the producer and its groups, and no task of
+    the pull is left; a group's cleanup runs before ``close`` returns."""
+    started, cleaned = [], []
+
+    async def run_group(req: RolloutRequest, finish: Callable[[Trajectory], Awaitable[None]]) -> None:
+        started.append(req.group_id)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)  # cleanup that itself awaits
+            cleaned.append(req.group_id)
+
+    before = set(asyncio.all_tasks())
+    puller = Puller((request(n, 2) for n in itertools.count()), batch_size=4, max_staleness=0, whole_groups=True,
+                    version=lambda: 0, run_group=run_group, peak_bytes=lambda: 0)
+    puller.start()
+    await all_tasks_blocked()
+    assert started == ["g0", "g1"] and cleaned == []
+    await puller.close()
+    assert sorted(cleaned) == ["g0", "g1"]
+    assert {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()} == set()
 
 
 # -- a real engine ------------------------------------------------------------------------------------------------
@@ -269,6 +297,7 @@ async def test_a_trainer_pulling_from_the_engine_gets_every_rollout_once_within_
 async def test_closing_the_engine_mid_pull_leaves_nothing_behind(state_dir, task_dir) -> None:
     suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir)
     engine = RolloutEngine(suite, ScriptedPolicy(time_scale=0.02), concurrency=4, state_dir=state_dir)
+    before = set(asyncio.all_tasks())
     async with engine:
         endless = (r for n in itertools.count() for r in engine.requests(TASKS, group_size=2, seed=n))
         engine.pull(endless, batch_size=4, max_staleness=1)
@@ -276,4 +305,5 @@ async def test_closing_the_engine_mid_pull_leaves_nothing_behind(state_dir, task
         assert len(first) == 4
         stats = engine.pull_statistics()
         assert stats is not None and stats["started"] <= 8
+    assert {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()} == set()
     await assert_no_leaks(engine.runtime)

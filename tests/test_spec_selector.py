@@ -18,6 +18,7 @@ from bunshin.engine.records import Step, StepObservation, ToolCall, Trajectory, 
 from bunshin.engine.speculation import selector as selector_module
 from bunshin.engine.speculation.features import FEATURE_GROUPS, Situation, examples_of, featurize, label_of
 from bunshin.engine.speculation.selector import FILE_NAME, SpecToolSelector, TrainFileError
+from tests.quiet import all_tasks_blocked
 
 CLICK = ToolCall(name="click", args={"element_id": 12})
 SCROLL = ToolCall(name="scroll", args={"direction": "down"})
@@ -248,30 +249,29 @@ async def test_the_loop_keeps_ticking_while_it_retrains() -> None:
 
 @pytest.mark.asyncio
 async def test_no_worker_left_after_close_or_cancellation() -> None:
-    before = own_children()
+    """A close cancelled while it reaps the workers of a retrain in flight still reaps them before it ends, and no
+    task of the selector is left."""
+    before, tasks_before = own_children(), set(asyncio.all_tasks())
     examples = await asyncio.to_thread(big_examples, 8000, 1)
     sel = SpecToolSelector("ns", retrain_every=1 << 30)
     await sel.open()
     for s, label in examples:
         sel.learn(s, label)
     waiter = asyncio.create_task(sel.retrain_now())
-    await asyncio.sleep(0.5)  # the worker is featurizing
-    assert own_children() - before
+    async with asyncio.timeout(60):
+        while not own_children() - before:  # processes have no event to wait for: the retrain's workers started
+            await asyncio.sleep(0.05)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
 
-    async def closing() -> None:
-        await sel.close()
-
-    closer = asyncio.create_task(closing())
-    await asyncio.sleep(0)
+    closer = asyncio.create_task(sel.close())
+    await all_tasks_blocked()  # the close is reaping the workers, in a thread
     closer.cancel()  # a cancelled close still stops the workers
-    await asyncio.gather(closer, return_exceptions=True)
-    deadline = time.monotonic() + 10
-    while (own_children() - before or multiprocessing.active_children()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    with pytest.raises(asyncio.CancelledError):
+        await closer
     assert not own_children() - before and not multiprocessing.active_children()
+    assert {t for t in asyncio.all_tasks() if t not in tasks_before and t is not asyncio.current_task()} == set()
 
     async with SpecToolSelector("ns", retrain_every=4) as sel:  # and after a plain close
         for s, label in examples[:8]:

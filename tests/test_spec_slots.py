@@ -1,6 +1,6 @@
 """Speculation slots and tail priority, without workspaces: a bounded number of branches, the memory budget, the
 highest priority first (preempting a clearly lower one), and the tail predictor's remaining steps and its measured
-rank correlation."""
+rank correlation. Synchronised with ``all_tasks_blocked``, never with sleeps."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from bunshin.engine.speculation.memory import BranchMemory
 from bunshin.engine.speculation.settings import SpecSettings
 from bunshin.engine.speculation.slots import PREEMPT_MARGIN, SpecSlots
 from bunshin.engine.speculation.tail import TailPredictor
+from tests.quiet import all_tasks_blocked
 
 
 @pytest.mark.asyncio
@@ -21,14 +22,14 @@ async def test_no_more_grants_than_slots_and_the_highest_waiter_goes_first() -> 
     b = await slots.acquire(1.0, lambda: None)
     low = asyncio.ensure_future(slots.acquire(1.1, lambda: None))  # not enough to preempt
     high = asyncio.ensure_future(slots.acquire(1.2, lambda: None))
-    await asyncio.sleep(0.01)
+    await all_tasks_blocked()
     assert not low.done() and not high.done() and len(slots.running) == 2
     slots.release(a)
-    await asyncio.sleep(0.01)
+    await all_tasks_blocked()
     assert high.done() and not low.done()  # the freed slot went to the higher priority, though it asked later
     slots.release(b)
     slots.release(b)  # idempotent: one release frees one slot
-    await asyncio.sleep(0.01)
+    await all_tasks_blocked()
     assert low.done() and len(slots.running) == 2
 
 
@@ -38,7 +39,7 @@ async def test_a_clearly_higher_priority_preempts_the_lowest_running_grant() -> 
     slots = SpecSlots(1, lambda: True)
     low = await slots.acquire(1.0, lambda: preempted.append("low"))
     near = asyncio.ensure_future(slots.acquire(PREEMPT_MARGIN * 0.9, lambda: preempted.append("near")))
-    await asyncio.sleep(0.01)
+    await all_tasks_blocked()
     assert not near.done() and preempted == []
     tail = await slots.acquire(PREEMPT_MARGIN * 2.0, lambda: None)
     assert preempted == ["low"] and low.released and slots.running == {tail} and slots.preempted == 1
@@ -53,7 +54,7 @@ async def test_memory_holds_grants_back_until_it_allows_one_more() -> None:
     allows = [False]
     slots = SpecSlots(4, lambda: allows[0])
     waiting = asyncio.ensure_future(slots.acquire(1.0, lambda: None))
-    await asyncio.sleep(0.05)
+    await all_tasks_blocked()  # it waits for its next look (a timer)
     assert not waiting.done()
     allows[0] = True  # a branch was closed: the waiter sees it at its next look
     await asyncio.wait_for(waiting, 2.0)

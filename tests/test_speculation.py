@@ -1,7 +1,7 @@
 """Speculative tool execution in the real engine: rewards and observations identical in every mode (base, spec,
 spec-readonly, prefix, full) with the grounded policy; wrong predictions of state-changing calls (a cart add, a file
 write) never reaching a sample's workspace or observations; cancelling rollouts with branches in flight leaving no
-workspace, process or cgroup behind."""
+workspace, process, cgroup or task behind."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from bunshin.engine.rollout import RolloutEngine
 from bunshin.engine.speculation.settings import SpecSettings
 from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.records import ToolCall
+from bunshin.envs.runtime import await_points
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.webshop.suite import READ_ONLY, WebShopSuite
 from bunshin.envs.workspace import Workspace
@@ -171,7 +172,7 @@ async def test_cancelling_rollouts_with_branches_in_flight_leaves_nothing_behind
                                                                                  tmp_path: Path) -> None:
     """Tools that take a while (the shop's modelled latency) and a selector trained on a recorded run: branches
     are running when the consumer goes away; every branch and sample workspace is closed at once, and after the
-    engine no process, mount or cgroup of the run remains."""
+    engine no task, process, mount or cgroup of the run remains."""
     policy = GroundedPolicy(detour_p=0.0, time_scale=0.3)
     async with RolloutEngine(shop(), GroundedPolicy(detour_p=0.0, time_scale=0.0), concurrency=4,
                              state_dir=state_dir) as engine:
@@ -179,13 +180,16 @@ async def test_cancelling_rollouts_with_branches_in_flight_leaves_nothing_behind
         recorded = [r.trajectory for r in await engine.run(engine.requests(ids, group_size=2, seed=0))]
     train = tmp_path / "recorded.jsonl"
     write_jsonl(train, recorded)
+    before = set(asyncio.all_tasks())
+    branch_call = asyncio.Event()
     async with RolloutEngine(shop(0.5), policy, concurrency=8, state_dir=state_dir,
                              speculation=SpecSettings(train_file=train)) as engine:
         stream = engine.stream(engine.requests(ids, group_size=2, seed=0))
-        consumer = asyncio.ensure_future(anext(stream))
-        async with asyncio.timeout(60):
-            while (engine.speculation_statistics() or {}).get("branches_running", 0) == 0:
-                await asyncio.sleep(0.02)
+        with await_points.hook(lambda name: branch_call.set(), "speculation.branch.call"):
+            consumer = asyncio.ensure_future(anext(stream))
+            async with asyncio.timeout(60):
+                await branch_call.wait()  # a branch has forked and is about to run its call
+        assert engine.speculation_statistics()["branches_running"] > 0  # type: ignore[index]
         consumer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await consumer
@@ -194,6 +198,7 @@ async def test_cancelling_rollouts_with_branches_in_flight_leaves_nothing_behind
         assert live == engine.roots
         assert engine.speculation_statistics()["branches_running"] == 0  # type: ignore[index]
         runtime = engine.runtime
+    assert {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()} == set()
     await assert_no_leaks(runtime)
 
 

@@ -20,7 +20,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -351,6 +350,3 @@ class ClusterEngine:
 
     def speculation_statistics(self) -> dict[str, Any] | None:
         return None
-
-    def wall_clock(self) -> float:
-        return time.monotonic()

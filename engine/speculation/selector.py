@@ -338,7 +338,6 @@ class SpecToolSelector:
         self._last_train_s = 0.0
         self._model: Path | None = None
         self._generation = 0
-        self._skipped = 0
         self._dir: Path | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._scope = TaskScope("spec-selector")  # the background retrain
@@ -442,7 +441,6 @@ class SpecToolSelector:
         if self._closed:
             return
         if len(label) > MAX_LABEL:
-            self._skipped += 1
             return
         self._pending.append(record(situation, label))
         self._examples += 1
