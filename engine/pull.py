@@ -29,8 +29,9 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -90,7 +91,8 @@ class Puller:
 
     def __init__(self, source: Iterable[RolloutRequest], *, batch_size: int, max_staleness: int,
                  whole_groups: bool, version: Callable[[], int],
-                 run_group: Callable[[RolloutRequest, Callable[[Trajectory], Awaitable[None]]], Awaitable[None]],
+                 run_group: Callable[[RolloutRequest, Callable[[Trajectory], Awaitable[None]]],
+                                     Coroutine[Any, Any, None]],
                  peak_bytes: Callable[[], int]):
         self.rule = RunAhead(batch_size=batch_size, max_staleness=max_staleness, start_version=version())
         self.source: Iterator[RolloutRequest] = iter(source)

@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ class RolloutEngine:
             collected = [r async for r in results]
         return in_request_order(requests, collected)
 
-    async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
+    async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncGenerator[RolloutResult, None]:
         """Results in completion order. Closing the iterator (``contextlib.aclosing``, or cancelling its consumer)
         stops and cleans up the rest at once; a consumer that just leaves the loop has them stopped when the
         engine closes."""
@@ -246,7 +246,8 @@ class RolloutEngine:
                 raise EngineError("the rollout producer ended before every result was delivered")
             async with asyncio.TaskGroup() as waiting:  # the get ends with this block: taken, or cancelled
                 getting = waiting.create_task(queue.get())
-                await asyncio.wait([getting, producer], return_when=asyncio.FIRST_COMPLETED)
+                either: list[asyncio.Future[Any]] = [getting, producer]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if not getting.done():
                     getting.cancel()
             if not getting.cancelled():

@@ -114,7 +114,9 @@ class BunshinAgentLoop(AgentLoopBase):
         messages.append({"role": "user", "content": f"{task.instruction}\n\n{first}"})
         prompt_ids = await self.ct_build_initial_tokens(messages)
         initial = len(prompt_ids)
-        ids, mask, logprobs = list(prompt_ids), [], []
+        ids = list(prompt_ids)
+        mask: list[int] = []
+        logprobs: list[float] = []
         request_id = uuid4().hex
         generate_s = tool_s = 0.0
         turns, result, actions = 0, None, []

@@ -20,7 +20,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 import msgspec
@@ -247,7 +247,7 @@ class ClusterEngine:
             collected = [r async for r in results]
         return in_request_order(requests, collected)
 
-    async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
+    async def stream(self, requests: Iterable[RolloutRequest]) -> AsyncGenerator[RolloutResult, None]:
         """Results in completion order, each rollout exactly once; closing the iterator stops the rest."""
         if not self._started:
             raise EngineNotStarted("use `async with ClusterEngine(...) as engine` before running rollouts")

@@ -133,7 +133,7 @@ def _worker_init() -> None:
 
 def read_spool(path: str, offset: int, count: int) -> tuple[list[Example], int]:
     """Up to ``count`` examples from byte ``offset``; and the offset after them."""
-    out = []
+    out: list[Example] = []
     with open(path, "rb") as f:
         f.seek(offset)
         while len(out) < count:

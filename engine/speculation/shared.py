@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from bunshin.envs.workspace import Workspace
 
@@ -40,7 +40,8 @@ class SpeculationShared:
     memory: BranchMemory
     slots: SpecSlots
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    seconds: collections.Counter[str] = field(default_factory=collections.Counter)
+    # tool-seconds by figure: a Counter (a figure not yet counted reads 0) of floats
+    seconds: dict[str, float] = field(default_factory=lambda: cast("dict[str, float]", collections.Counter()))
     branches: dict[str, Workspace] = field(default_factory=dict)  # live branch workspaces by id
 
     def branch_opened(self, ws: Workspace) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import msgspec
@@ -101,7 +101,7 @@ class Speculator:
         shared = self.shared
         while True:
             await asyncio.sleep(MEASURE_EVERY_S)
-            charges = {}
+            charges: dict[Hashable, int] = {}
             for ws_id, ws in list(shared.branches.items()):
                 with contextlib.suppress(Exception):  # a branch closing meanwhile
                     charges[ws_id] = ws.charge()
