@@ -125,7 +125,7 @@ def test_a_chain_stores_deltas_and_each_chunk_once(tmp_path: Path, rng: random.R
     s0 = state(rng, 50 * MiB)
     with CheckpointStore(tmp_path / "store") as store:
         r0 = store.write_node("n0", s0, l0)
-        chunks0, usage0 = store.chunk_count(), store.usage_bytes()
+        chunks0, usage0 = len(store._present), store.usage_bytes()
         assert chunks0 == 2 + 50 + 100
         l1 = layers.fork("l0", "l1")
         (l1 / "etc/app/f051").write_bytes(rng.randbytes(10_000))
@@ -133,7 +133,7 @@ def test_a_chain_stores_deltas_and_each_chunk_once(tmp_path: Path, rng: random.R
         s1[2][7 * MiB:8 * MiB] = rng.randbytes(MiB)  # one aligned MiB of the heap
         r1 = store.write_node("n1", s1, l1, parent="n0", parent_layer=l0)
         assert (r1.files_changed, r1.files_deleted, r1.chunks_written) == (1, 0, 2)
-        assert store.chunk_count() == chunks0 + 2
+        assert len(store._present) == chunks0 + 2
         ratio = r1.bytes_written / r1.full_bytes
         print(f"bytes written: root {r0.bytes_written} ({r0.bytes_written / r0.full_bytes:.3f} of full), "
               f"child {r1.bytes_written} of {r1.full_bytes} full ({ratio:.4f})")
@@ -159,7 +159,7 @@ def test_a_chain_stores_deltas_and_each_chunk_once(tmp_path: Path, rng: random.R
         store.delete_node("n0")
         assert tree_of(store, "n2", tmp_path / "o2c") == tree(l2)
         store.delete_node("n2")
-        assert store.chunk_count() == 0 and store.usage_bytes() == 0 and store.gc() == 0
+        assert len(store._present) == 0 and store.usage_bytes() == 0 and store.gc() == 0
 
 
 def tree_of(store: CheckpointStore, node: str, target: Path) -> dict[str, tuple]:
@@ -191,9 +191,9 @@ def test_a_corrupt_chunk_is_detected_dropped_and_reported(tmp_path: Path, rng: r
         assert isinstance(caught.value, EngineError) and str(path) in str(caught.value)
         assert set(caught.value.dropped) == {"n0", "n1"}  # n1's files are a delta on n0's
         assert not path.exists() and store.node_ids() == []
-        assert store.chunk_count() == 0
+        assert len(store._present) == 0
     with CheckpointStore(tmp_path / "store") as store:
-        assert store.node_ids() == [] and store.chunk_count() == 0
+        assert store.node_ids() == [] and len(store._present) == 0
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "version"])
@@ -223,7 +223,7 @@ def test_a_corrupt_manifest_is_dropped_on_open_with_its_descendants(tmp_path: Pa
         store.read_node("a", tmp_path / "out")
         kept |= {c for p in store.manifest("a").parts for c in p.chunks}
         kept |= {c for e in store.manifest("a").changed for c in e.chunks}
-        assert store.chunk_count() == len(kept)  # b's and c's own chunks were collected
+        assert len(store._present) == len(kept)  # b's and c's own chunks were collected
 
 
 @pytest.mark.parametrize("step", ["chunk.written", "chunk.placed", "manifest.written", "manifest.placed"])
@@ -241,11 +241,11 @@ def test_a_failure_at_each_step_undoes_exactly_the_write(tmp_path: Path, rng: ra
     s0 = state(rng, 2 * MiB)
     with CheckpointStore(tmp_path / "store", fault=fault) as store:
         store.write_node("n0", s0, l0)
-        before = (store.node_ids(), store.chunk_count(), store.usage_bytes(), sorted(store.chunks.rglob("*")))
+        before = (store.node_ids(), len(store._present), store.usage_bytes(), sorted(store.chunks.rglob("*")))
         armed = True
         with pytest.raises(StoreFull):
             store.write_node("n1", [s0[0], rng.randbytes(3 * MiB)], l1, parent="n0", parent_layer=l0)
-        assert (store.node_ids(), store.chunk_count(), store.usage_bytes(), sorted(store.chunks.rglob("*"))) == before
+        assert (store.node_ids(), len(store._present), store.usage_bytes(), sorted(store.chunks.rglob("*"))) == before
         assert no_temps(store) and not (store.nodes / "n1").exists()
         armed = False
         store.write_node("n1", s0, l1, parent="n0", parent_layer=l0)
@@ -285,12 +285,12 @@ def test_a_full_disk_raises_a_typed_error_and_leaves_the_store_consistent(small_
     with CheckpointStore(small_disk / "store") as store:
         small = state(rng, 2 * MiB)
         store.write_node("kept", small)
-        chunks, usage = store.chunk_count(), store.usage_bytes()
+        chunks, usage = len(store._present), store.usage_bytes()
         with pytest.raises(StoreFull) as caught:
             store.write_node("big", state(rng, 12 * MiB))
         assert isinstance(caught.value, EngineError) and caught.value.__cause__ is not None
         assert no_temps(store) and not store.has("big") and not (store.nodes / "big").exists()
-        assert (store.chunk_count(), store.usage_bytes()) == (chunks, usage)
+        assert (len(store._present), store.usage_bytes()) == (chunks, usage)
         assert [bytes(p) for p in store.read_node("kept")] == [bytes(p) for p in small]
         store.delete_node("kept")  # space freed: writing works again
         store.write_node("again", state(rng, 4 * MiB))
@@ -339,7 +339,7 @@ def test_a_crash_mid_write_leaves_no_partial_entry(tmp_path: Path, rng: random.R
     (l1 / "f002").write_bytes(rng.randbytes(20_000))
     with CheckpointStore(tmp_path / "store") as store:
         store.write_node("n0", state(rng, MiB), l0)
-        before = store.chunk_count()
+        before = len(store._present)
     proc = subprocess.run([sys.executable, "-c", CRASHER, str(tmp_path / "store"), step, str(nth), str(l1), str(l0)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -351,7 +351,7 @@ def test_a_crash_mid_write_leaves_no_partial_entry(tmp_path: Path, rng: random.R
             assert store.node_ids() == ["n0", "n1"]
             assert tree_of(store, "n1", tmp_path / "out") == tree(l1)
         else:
-            assert store.node_ids() == ["n0"] and store.chunk_count() == before  # orphan chunks collected
+            assert store.node_ids() == ["n0"] and len(store._present) == before  # orphan chunks collected
         assert tree_of(store, "n0", tmp_path / "out0") == tree(l0)
 
 
@@ -423,7 +423,7 @@ async def test_closing_mid_write_abandons_cleanly(tmp_path: Path, rng: random.Ra
 
     with CheckpointStore(tmp_path / "store", fault=fault) as store:
         store.write_node("base", state(rng, MiB))
-        base_chunks = store.chunk_count()
+        base_chunks = len(store._present)
         placed.clear()
 
         async def run() -> None:
@@ -443,7 +443,7 @@ async def test_closing_mid_write_abandons_cleanly(tmp_path: Path, rng: random.Ra
         else:
             await task
         assert sorted((o.node_id, o.kind) for o in outcomes) == [("big", "abandoned"), ("next", "abandoned")]  # type: ignore[attr-defined]
-        assert no_temps(store) and store.node_ids() == ["base"] and store.chunk_count() == base_chunks
+        assert no_temps(store) and store.node_ids() == ["base"] and len(store._present) == base_chunks
         assert sum(1 for fan in store.chunks.iterdir() for _ in fan.iterdir()) == base_chunks  # on disk too
 
 
@@ -455,12 +455,12 @@ def test_a_write_in_progress_pins_the_chunks_it_reuses(tmp_path: Path, rng: rand
         plan = store.plan_node("n1", s0)  # every chunk reused: nothing new to place
         assert plan.chunks == []
         store.delete_node("n0")
-        assert store.gc() == 0 and store.chunk_count() == 5
+        assert store.gc() == 0 and len(store._present) == 5
         store.place(plan, plan.manifest_file)
         store.finish(plan)
         assert [bytes(p) for p in store.read_node("n1")] == [bytes(p) for p in s0]
         store.delete_node("n1")
-        assert store.chunk_count() == 0
+        assert len(store._present) == 0
 
 
 def test_a_change_within_the_parents_last_tick_is_seen(tmp_path: Path, rng: random.Random, layers: Layers) -> None:

@@ -193,9 +193,6 @@ class Ledger:
                 ended.append(s)
         return ended
 
-    def undelivered(self) -> list[tuple[str, int]]:
-        return [k for k, v in self.state.items() if v is not SampleState.DELIVERED]
-
     def done(self) -> bool:
         return all(v is SampleState.DELIVERED for v in self.state.values())
 

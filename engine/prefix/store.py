@@ -191,9 +191,6 @@ class CheckpointStore:
         with self._mutex:
             return sum(self._present.values()) + sum(self._manifest_bytes.values())
 
-    def chunk_count(self) -> int:
-        return len(self._present)
-
     # -- writing -------------------------------------------------------------------------------------------------
 
     def write_node(self, node_id: str, parts: Sequence[Buffer], layer: Path | None = None, *,

@@ -110,9 +110,6 @@ class Page:
     def nodes(self) -> list[Node]:
         return [self.lines[i] for i in sorted(self.lines)]
 
-    def seen_all(self) -> bool:
-        return len(self.lines) >= self.total
-
     def find(self, match: Callable[[Node], bool]) -> Node | None:
         return next((n for n in self.nodes if match(n)), None)
 

@@ -1,0 +1,43 @@
+"""Names production code defines and does not call by name, each with who does call it (vulture reads this file as
+references; ``_`` stands for any object, vulture matches by name).
+
+Only three kinds belong here: public API a user calls (documented where it says), callbacks a library or the
+worker protocol calls by name, and classes named by a string (an ``AppSpec`` target, a registry entry). Anything
+else that nothing calls is deleted, not listed.
+"""
+
+# ruff: noqa: B018  (bare attribute references are the point of a vulture whitelist)
+_ = object()
+
+# -- public API, documented ---------------------------------------------------------------------------------------
+_.BunshinSkyRLEnv  # skyrl-gym registers it by name (docs/trainers.md)
+_.BunshinAgentLoop  # verl's agent-loop registry names it (docs/trainers.md)
+_.set_policy_version  # RolloutEngine API for asynchronous trainers (docs/engine.md)
+_.pull  # RolloutEngine pull mode (docs/engine.md)
+_.pull_statistics  # RolloutEngine pull mode (docs/engine.md)
+_.start_soon  # TaskScope API (envs/runtime/task_scope.py)
+_.retried  # RolloutResult.retried (docs/cluster.md)
+_.read_parts  # WorkspaceImage's files whole, for WorkspaceRuntime.restore_image (docs/fork.md)
+_.write_node  # CheckpointStore: plan and commit one node's checkpoint in one call (docs/fork.md)
+_.wait_idle  # CheckpointWriters: until every queued checkpoint write has ended (docs/prefix.md)
+_.to_call  # ToolSchema: a Struct built in Python as its normal-form call (docs/suites.md)
+
+# -- named by a string: registry entries and AppSpec targets ---------------------------------------------------
+_.WebShopSuite  # envs/suites/registry.py
+_.DesktopSuite  # envs/suites/registry.py
+_.ShopApp  # envs/webshop/suite.py SHOP_APP
+_.HeapApp  # engine/commands/demo.py and the fork benchmark's AppSpec target
+_.rpc_port  # WorkerApp methods are called as rpc_<name> by envs/runtime/workers.py ("port" in envs/webshop/app.py)
+
+# -- callbacks the standard library calls by name ------------------------------------------------------------------
+_.handle_starttag  # html.parser.HTMLParser (envs/webshop/browser/dom.py)
+_.handle_startendtag
+_.handle_endtag
+_.handle_comment
+_.handle_decl
+_.handle_pi
+_.unknown_decl
+_.http_open  # urllib.request.BaseHandler (envs/webshop/browser/loader.py)
+_.do_GET  # http.server.BaseHTTPRequestHandler (envs/webshop/server.py)
+_.do_POST
+_.log_message
