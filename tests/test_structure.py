@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # Siblings of one layer that must not know each other.
 INDEPENDENT = [("bunshin.engine.prefix", "bunshin.engine.speculation")]
+# Exceptions that are not errors: a fork's clone raises them to unwind to its serve loop.
+UNWIND = {"bunshin.envs.runtime.fork.clone.BecameClone", "bunshin.envs.runtime.fork.worker.WorkerBecameClone"}
 # Where a task may be created without a TaskGroup: the one nursery helper.
 TASK_SCOPE_MODULE = "bunshin.envs.runtime.task_scope"
 
@@ -269,3 +271,26 @@ def test_no_production_code_is_unreferenced() -> None:
     unused = [line for line in done.stdout.splitlines() if any(k in line for k in kinds)]
     assert done.returncode in (0, 3), done.stderr
     assert not unused, "production code nothing calls:\n" + "\n".join(unused)
+
+
+def test_every_error_is_below_its_package_root() -> None:
+    """One error tree per package: every exception class of ``bunshin.engine`` is an ``EngineError``, of
+    ``bunshin.envs`` an ``EnvsError``, of ``bunshin.policies`` a ``PolicyError`` (a builtin may be a second base).
+    A private class (``_Name``) is a signal caught inside its own module and never escapes it; ``UNWIND`` are not
+    errors either (raised in a freshly forked process to unwind its stack to its serve loop)."""
+    import importlib
+    import inspect
+
+    from bunshin.engine.errors import EngineError
+    from bunshin.envs.errors import EnvsError
+    from bunshin.policies.base import PolicyError
+
+    roots = {"bunshin.engine": EngineError, "bunshin.envs": EnvsError, "bunshin.policies": PolicyError}
+    strays = []
+    for mod in modules():
+        root = next(r for prefix, r in roots.items() if _within(mod, prefix))
+        for name, value in vars(importlib.import_module(mod)).items():
+            if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == mod
+                    and not name.startswith("_") and f"{mod}.{name}" not in UNWIND and not issubclass(value, root)):
+                strays.append(f"{mod}.{name} is not a {root.__name__}")
+    assert not strays, "\n".join(strays)
