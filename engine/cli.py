@@ -259,14 +259,14 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from bunshin.envs.runtime.doctor import diagnose
 
-        report = diagnose()
+        diagnosis = diagnose()
         if args.json:
-            print(json.dumps(report.to_json(), indent=2))
+            print(json.dumps(diagnosis.to_json(), indent=2))
             return 0
-        for c in report.checks:
+        for c in diagnosis.checks:
             print(f"{'ok ' if c.ok else 'no '} {c.name:26} {c.detail}")
         print()
-        for name, (ok, detail) in report.backends.items():
+        for name, (ok, detail) in diagnosis.backends.items():
             print(f"backend {name:8} {'available' if ok else 'unavailable':12} {detail}")
         return 0
     if args.command == "demo":
@@ -276,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "bench" and args.bench == "fork":
         from .bench import fork as bench_fork
 
-        return event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot)) and 0
+        event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot))
+        return 0
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from bunshin.envs.records import Observation, ToolCall
@@ -30,7 +30,7 @@ from .errors import DecideTimeout, RolloutTimeout
 from .outcomes import Phase, classify, describe
 from .prefix.walk import Walk
 from .records import Status, Trajectory
-from .speculation.branch import SampleSpeculation
+from .speculation.branch import Branch, SampleSpeculation
 from .speculation.features import Situation, label_of
 
 
@@ -46,7 +46,7 @@ class SampleRun:
     """Runs one sample; ``run`` fills ``trajectory`` and returns, whatever happened."""
 
     def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
-                 execute_call: Callable[[Workspace, ToolCall, float], object], task: SuiteTask,
+                 execute_call: Callable[[Workspace, ToolCall, float], Awaitable[Observation]], task: SuiteTask,
                  base: Workspace | None, first: Observation, trajectory: Trajectory,
                  walk: Callable[[], Walk] | None = None, speculation: SampleSpeculation | None = None,
                  policy_version: Callable[[], int] = lambda: 0):
@@ -82,6 +82,7 @@ class SampleRun:
                             return
                         try:
                             self.phase = Phase.FORK
+                            assert self.base is not None, "a sample has a base to fork or a walk"  # (__init__)
                             fork_started = time.monotonic()
                             await await_points.reached("sample.fork")
                             self.ws = await self.base.fork(seed=t.seed)
@@ -133,27 +134,28 @@ class SampleRun:
             try:
                 decision = await self._decide(episode)
             except ContextLengthExceeded as exc:  # no further turn fits: the episode is scored as it stands
-                move = episode.cut_short(classify(Phase.DECIDE, exc), describe(exc))
+                stop = episode.cut_short(classify(Phase.DECIDE, exc), describe(exc))
                 break
             self.phase = Phase.PARSE
             move = episode.next_move(decision)
             if isinstance(move, Stop):
                 if spec is not None and move.status is Status.OK:
                     await spec.resolve(move.final, adopt=False)
+                stop = move
                 break
             if ws is None:
                 self.phase = Phase.CALL
                 await await_points.reached("sample.call")
                 walk = self.walk
                 assert walk is not None
-                branch = None
                 if spec is not None:
                     branch = await spec.resolve(move.call, adopt=not walk.serves(move.call))
-                if branch is not None:
-                    walk.adopt(move.call, branch.concrete, branch.observation, branch.ws)  # type: ignore[arg-type]
-                    episode.record(decision, move, branch.concrete, branch.observation,  # type: ignore[arg-type]
-                                   spec.waited_s(branch), source="speculated", saved_s=spec.hidden_s(branch))
-                    continue
+                    if branch is not None:
+                        fork, concrete, observation = _adopted(branch)
+                        walk.adopt(move.call, concrete, observation, fork)
+                        episode.record(decision, move, concrete, observation,
+                                       spec.waited_s(branch), source="speculated", saved_s=spec.hidden_s(branch))
+                        continue
                 taken = await walk.step(move.call)
                 episode.record(decision, move, taken.call, taken.observation, taken.tool_s, source=taken.source,
                                saved_s=taken.saved_s)
@@ -163,9 +165,10 @@ class SampleRun:
                 branch = await spec.resolve(move.call)
                 if branch is not None:  # the fork that ran this very call becomes the sample's workspace
                     spec.close_later(ws)
-                    ws = self.ws = branch.ws
-                    t.lineage.append(ws.id)  # type: ignore[union-attr]
-                    episode.record(decision, move, branch.concrete, branch.observation,  # type: ignore[arg-type]
+                    fork, concrete, observation = _adopted(branch)
+                    ws = self.ws = fork
+                    t.lineage.append(ws.id)
+                    episode.record(decision, move, concrete, observation,
                                    spec.waited_s(branch), source="speculated", saved_s=spec.hidden_s(branch))
                     continue
             self.phase = Phase.RESOLVE
@@ -175,15 +178,16 @@ class SampleRun:
             await await_points.reached("sample.call")
             obs = await self.execute_call(ws, call, self.settings.call_timeout_s)
             episode.record(decision, move, call, obs, obs.tool_seconds or time.monotonic() - call_started)
-        if move.status is not Status.OK:
-            t.status, t.error = move.status, move.error
+        if stop.status is not Status.OK:
+            t.status, t.error = stop.status, stop.error
         self.phase = Phase.EVALUATE
         evaluate_started = time.monotonic()
         await await_points.reached("sample.evaluate")
         if ws is None:
-            t.reward = await self.walk.evaluate(move.final)  # type: ignore[union-attr]
+            assert self.walk is not None
+            t.reward = await self.walk.evaluate(stop.final)
         else:
-            t.reward = float(await self.suite.evaluate(ws, self.task, move.final))
+            t.reward = float(await self.suite.evaluate(ws, self.task, stop.final))
         t.timings["evaluate_s"] = round(time.monotonic() - evaluate_started, 4)
         self.phase = Phase.ENGINE
 
@@ -218,3 +222,9 @@ class SampleRun:
                 raise  # the policy's own timeout: its error, not ours to rename
             raise DecideTimeout(limit, "the policy's decision") from exc
 
+
+def _adopted(branch: Branch) -> tuple[Workspace, ToolCall, Observation]:
+    """What a branch ``SampleSpeculation.resolve`` adopted holds: its workspace, the concrete call it ran and that
+    call's observation."""
+    assert branch.ws is not None and branch.concrete is not None and branch.observation is not None, branch
+    return branch.ws, branch.concrete, branch.observation

@@ -68,7 +68,7 @@ class BunshinSkyRLEnv(BaseTextEnv):
                                                                **dict(config.get("suite_knobs") or {}))
         self.task = find_task(self.suite, str(extras["task_id"]))
         self.seed = int(extras.get("seed", 0))
-        self.max_turns = int(extras.get("max_turns", config.get("max_turns", 30)))
+        self.max_turns = int(extras["max_turns"] if "max_turns" in extras else config.get("max_turns", 30))
         state_dir, limits = config.get("state_dir"), config.get("limits")
         try:
             limits = msgspec.convert(limits, Limits) if isinstance(limits, dict) else limits

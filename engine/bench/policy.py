@@ -7,7 +7,13 @@ Must never: build a policy that needs a server or a recording (those are ``bunsh
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bunshin.policies.base import Policy
+
+if TYPE_CHECKING:
+    from bunshin.policies.grounded import GroundedPolicy
+    from bunshin.policies.scripted import ScriptedPolicy
 
 from ..errors import BadRequest
 
@@ -18,6 +24,7 @@ def bench_policy(name: str, time_scale: float, detour_p: float | None = None) ->
     """The policy ``name`` at ``time_scale``; ``detour_p`` (None: the policy's own) its detour probability."""
     if name not in POLICIES:
         raise BadRequest(f"unknown policy {name!r}: use {' or '.join(POLICIES)}")
+    kind: type[GroundedPolicy] | type[ScriptedPolicy]
     if name == "grounded":
         from bunshin.policies.grounded import GroundedPolicy as kind
     else:

@@ -38,9 +38,9 @@ import msgspec
 
 from bunshin.envs import Limits, WorkspaceRuntime, derive_seed
 from bunshin.envs.records import ToolCall, canonical
+from bunshin.envs.runtime.host_workspace import HostWorkspace
 from bunshin.envs.runtime.page_sharing import PageSet, compare, page_set
 from bunshin.envs.suites.base import Suite, SuiteTask
-from bunshin.envs.workspace import Workspace
 from bunshin.policies.base import Policy
 
 from ..episode import Episode, Stop
@@ -82,7 +82,7 @@ def select(tasks: list[SuiteTask], template: str, per_template: int | None) -> d
 @dataclass
 class _Sample:
     index: int
-    ws: Workspace
+    ws: HostWorkspace  # a real runtime's: its cgroup lists the processes whose pages are compared
     episode: Episode
     finished_at: int | None = None  # actions taken before its final action
     final: str | None = None
@@ -135,7 +135,7 @@ async def _measure(samples: list[_Sample]) -> dict[str, Any]:
             "playing": sum(s.finished_at is None for s in samples)}
 
 
-async def run_task(suite: Suite, policy: Policy, root: Workspace, task: SuiteTask, steps: int, samples: int,
+async def run_task(suite: Suite, policy: Policy, root: HostWorkspace, task: SuiteTask, steps: int, samples: int,
                    seed: int) -> dict[str, Any]:
     """One group: the curve of ``task``'s samples, or the failure that ended it (``status`` ``failed``)."""
     started = time.monotonic()
@@ -218,7 +218,7 @@ async def run(suite: Suite, policy: Policy, steps: int = 10, *, samples: int = 2
     results: list[dict[str, Any]] = []
     started = time.monotonic()
     async with WorkspaceRuntime(**kwargs) as runtime:
-        roots: dict[bytes, Workspace] = {}  # one per application, as the engine keeps them
+        roots: dict[bytes, HostWorkspace] = {}  # one per application, as the engine keeps them
         for n, task in enumerate(todo, start=1):
             spec = suite.app(task)
             key = msgspec.json.encode(spec)

@@ -99,7 +99,9 @@ def local_cluster(nodes: int, *, cpus_per_node: int = 1, settle_s: float = 30.0,
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False,
         "resources": extra[0], "_system_config": SYSTEM_CONFIG})
-    session_dir = cluster.head_node.get_session_dir_path()
+    # ray's Cluster sets head_node = None in __init__ before it starts the head (initialize_head), so its inferred
+    # type is None
+    session_dir = cluster.head_node.get_session_dir_path()  # type: ignore[attr-defined]
     try:
         for i in range(1, nodes):
             cluster.add_node(num_cpus=cpus_per_node, object_store_memory=OBJECT_STORE_BYTES,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bunshin.envs.suites.base import Suite
 
@@ -102,9 +102,21 @@ def make_suite(args: argparse.Namespace) -> Suite:
         raise CommandError(f"bad knob for suite {args.suite}: {exc}") from exc
 
 
-def budgets(args: argparse.Namespace) -> dict[str, int | None]:
+class Budgets(TypedDict, total=False):
+    """``PrefixSettings``' budgets as keyword arguments."""
+
+    hot_budget: int | None
+    disk_budget: int | None
+
+
+def budgets(args: argparse.Namespace) -> Budgets:
     """The prefix-cache budgets given on the command line (a flag left out keeps ``PrefixSettings``' default)."""
-    return {name: getattr(args, name) for name in ("hot_budget", "disk_budget") if getattr(args, name) != DEFAULT}
+    given = Budgets()
+    if args.hot_budget != DEFAULT:
+        given["hot_budget"] = args.hot_budget
+    if args.disk_budget != DEFAULT:
+        given["disk_budget"] = args.disk_budget
+    return given
 
 
 def prefix_settings(args: argparse.Namespace) -> PrefixSettings | None:
@@ -146,9 +158,9 @@ def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> Sp
     for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train")):
         if getattr(args, name, None) is not None:
             kwargs[key] = getattr(args, name)
-    memory = getattr(args, "spec_memory", DEFAULT)
+    memory: tuple[str, float] | str | None = getattr(args, "spec_memory", DEFAULT)  # see spec_memory_of
     if memory != DEFAULT:
-        kind, amount = memory if memory is not None else (None, None)
+        kind, amount = memory if isinstance(memory, tuple) else (None, 0.0)  # None: unbounded
         kwargs["memory_headroom"] = amount if kind == "headroom" else None
         kwargs["memory_budget"] = int(amount) if kind == "bytes" else None
     if getattr(args, "spec_readonly", False):

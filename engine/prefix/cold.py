@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from bunshin.envs.runtime.image_files import FillLayer, WorkspaceImage, remove_files
+from bunshin.envs.runtime.image_files import FillLayer, remove_files
 from bunshin.envs.runtime.task_scope import TaskScope, run_to_end
-from bunshin.envs.workspace import Workspace
+from bunshin.envs.workspace import Workspace, WorkspaceImage
 
 from .errors import CorruptEntry, StoreError
 from .node import Namespace, Node

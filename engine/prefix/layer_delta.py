@@ -60,7 +60,8 @@ def diff_layer(layer: Path, parent: Path | None, chunk_bytes: int,
         if kind == "file":
             total += st.st_size
         old = theirs.get(rel)
-        if old is not None and _same(layer / rel, st, parent / rel, old, racy_after, chunk_bytes):  # type: ignore
+        if old is not None and parent is not None and \
+                _same(layer / rel, st, parent / rel, old, racy_after, chunk_bytes):  # (theirs is {} without parent)
             continue
         meta: dict[str, Any] = dict(path=rel, kind=kind, mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid,
                                     mtime_ns=st.st_mtime_ns, xattrs=_xattrs(layer / rel))

@@ -82,7 +82,7 @@ class Pending:
     """One file a plan places: ``cid`` is a chunk's id, None for the manifest."""
 
     final: Path
-    blobs: list[Buffer]
+    blobs: Sequence[Buffer]
     cid: str | None = None
 
     @property

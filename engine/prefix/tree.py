@@ -401,7 +401,8 @@ class PrefixTree:
                 seen.add(n.id)
                 assert n.pins >= 0 and n.ns == ns, n
                 for key, c in n.children.items():
-                    assert c.parent is n and c.ns == n.ns and c.key == key == canonical(c.call), c  # type: ignore
+                    assert c.call is not None and c.parent is n and c.ns == n.ns, c
+                    assert c.key == key == canonical(c.call), c
                     assert key not in n.issues, "an admitted call still counted as an issue"
                     stack.append(c)
                 if n.cold is not None and n.cold.delta:
