@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import importlib.metadata
 import logging
 import mmap
 import multiprocessing
@@ -247,10 +249,11 @@ class BadFile(SelectorError):
     """A saved selector file that cannot be used (named, with the reason)."""
 
 
+@functools.cache
 def _sklearn_version() -> str:
-    import sklearn
-
-    return sklearn.__version__
+    """scikit-learn's version, from its installed metadata: importing it (only the workers need it) would block
+    the event loop for seconds."""
+    return importlib.metadata.version("scikit-learn")
 
 
 def _save(path: Path, header: _Saved, spool: Path, model: Path | None) -> None:
