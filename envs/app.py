@@ -32,14 +32,14 @@ class ReopenableFile:
 
     def __init__(self, path: str, mode: str):
         self.path, self.mode = path, mode
-        self.file: IO[Any] = open(path, mode)
+        self.file: IO[Any] = open(path, mode)  # noqa: SIM115 (kept open: this object owns the file)
         self._position = 0
 
     def reopen(self) -> None:
         position = self._position if self.file.closed else self.file.tell()
         self.file.close()
         mode = self.mode.replace("w", "r+").replace("x", "r+")  # never truncate the clone's copy
-        self.file = open(self.path, mode)
+        self.file = open(self.path, mode)  # noqa: SIM115 (kept open, as in __init__)
         self.file.seek(position)
 
     def suspend(self) -> None:

@@ -70,11 +70,11 @@ class Policy(abc.ABC):
         task, made before any workspace exists. Default: None, every task."""
         return None
 
-    async def check(self) -> None:
+    async def check(self) -> None:  # noqa: B027 (a hook with a default, not abstract: most policies need no check)
         """A cheap preflight the engine awaits once when it starts (a model server's ``GET /models``); raises
         ``ServerConfigError`` when the run cannot work at all. Default: nothing to check."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (a hook with a default: most policies hold nothing to release)
         """Release connections and the like."""
 
 

@@ -56,6 +56,7 @@ return them:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import socket
@@ -245,10 +246,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if reply.get("drop"):  # gone mid-request: the connection closes with no answer
             self.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             return
         if "body" in reply:
             raw_reply = reply["body"]
@@ -384,10 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.script) as f:
         loaded = json.load(f)
     replies = loaded.get("replies", []) if isinstance(loaded, dict) else loaded
-    if isinstance(loaded, dict) and "models" in loaded:
-        models = loaded["models"]  # may be empty: a server that lists no model
-    else:
-        models = args.model or ["test-model"]
+    # the script's models may be an empty list: a server that lists no model
+    models = loaded["models"] if isinstance(loaded, dict) and "models" in loaded else args.model or ["test-model"]
     if not isinstance(replies, list) or not all(isinstance(r, dict) for r in replies):
         parser.error(f"{args.script}: the replies must be a list of objects")
     max_model_len = loaded.get("max_model_len", args.max_model_len) if isinstance(loaded, dict) else \

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -348,7 +349,7 @@ def test_rasters_kept_per_history_entry_grow_memory(shop: ShopSite) -> None:
     for i in range(4):
         do(b, f"goto [{product_url(i)}]")
         sizes.append(b.raster_bytes())
-    assert all(later > earlier for earlier, later in zip(sizes, sizes[1:]))
+    assert all(later > earlier for earlier, later in pairwise(sizes))
     for page in b.tab.history:
         assert page.raster is not None and page.raster.dtype.name == "uint8"
         assert page.raster.shape[1:] == (1280, 3) and page.raster.shape[0] >= 720

@@ -114,8 +114,8 @@ async def test_the_same_seeds_give_the_same_trajectories_on_one_host_and_on_the_
     rewards = [r.trajectory.reward for r in results]
     assert 0 < sum(rewards) < len(rewards)  # the scripted policy's deviations: not a trivially equal batch
     for info in infos:  # every agent closed its run (and stopped its guardian)
-        assert await settled(lambda: run_leftovers(info.run_id, info.run_dir)) == []
-        assert await settled(lambda: [p for p in (info.pid, info.guardian_pid) if _alive(p)]) == []
+        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir)) == []
+        assert await settled(lambda info=info: [p for p in (info.pid, info.guardian_pid) if _alive(p)]) == []
 
 
 @pytest.mark.asyncio
@@ -187,7 +187,7 @@ async def test_a_node_killed_mid_epoch_loses_only_its_rollouts(cluster, victim, 
     # what the victim delivered (before the kill, or finished while it was being killed) is kept, not run again
     assert all(not r.retried for r in results if r.node == victim.node_id)
     for info in survivors:
-        assert await settled(lambda: run_leftovers(info.run_id, info.run_dir)) == []
+        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir)) == []
 
 
 @pytest.mark.asyncio

@@ -226,7 +226,7 @@ def test_a_fifo_neither_blocks_a_read_nor_a_write(tree: Path) -> None:
     for op in (lambda: files.read_bytes(str(fifo)), lambda: files.write_text(str(fifo), "x")):
         outcome: list[BaseException | None] = []
 
-        def attempt(op=op) -> None:
+        def attempt(op=op, outcome=outcome) -> None:
             try:
                 op()
                 outcome.append(None)

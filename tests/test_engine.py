@@ -167,9 +167,8 @@ async def test_cancelling_run_leaves_nothing_behind(state_dir, task_dir, loop_wa
     engine = RolloutEngine(shop(task_dir), ScriptedPolicy(time_scale=0.02), concurrency=4, state_dir=state_dir)
     async with engine:
         task = asyncio.ensure_future(engine.run(engine.requests(TASKS, group_size=3, seed=2)))
-        with await_points.hook(cancel_at(task, point, occurrence=2)):
-            with pytest.raises(asyncio.CancelledError):
-                await task
+        with await_points.hook(cancel_at(task, point, occurrence=2)), pytest.raises(asyncio.CancelledError):
+            await task
         assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == engine.roots
     await assert_no_leaks(engine.runtime)
 
@@ -189,7 +188,7 @@ async def test_stream_yields_in_completion_order_and_an_early_exit_cleans_up(sta
         assert len(seen) == 3 and all(t.status == Status.OK for t in seen)
         assert [ws for ws in engine.runtime.workspaces.values() if not ws.closed] == engine.roots
         # a consumer that leaves without closing its stream: the engine stops the rest when it closes
-        async for result in engine.stream(engine.requests(TASKS[:2], group_size=2, seed=4)):
+        async for _ in engine.stream(engine.requests(TASKS[:2], group_size=2, seed=4)):
             break
     assert tasks_since(before) == set()  # its producer ended with the engine
     await assert_no_leaks(engine.runtime)

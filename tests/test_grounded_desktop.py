@@ -343,7 +343,7 @@ class Corrupting(GroundedPolicy):
 
     async def decide(self, ctx: PolicyContext) -> Decision:
         shown = [ctx.observations[0]] + [self.corrupt(obs, action)
-                                         for obs, action in zip(ctx.observations[1:], ctx.actions)]
+                                         for obs, action in zip(ctx.observations[1:], ctx.actions, strict=False)]
         return await super().decide(dataclasses.replace(ctx, observations=shown))  # same memory (ctx.extra)
 
 

@@ -75,10 +75,10 @@ async def test_agent_network_is_loopback_only(runtime: WorkspaceRuntime) -> None
         code, text = await run(ws, "ip -o link; ip route; ip -6 route")
         assert text.splitlines()[0].split()[1] == "lo:" and len(text.splitlines()) == 1 + text.count("::1")
         probe = ("import socket,sys\n"
-                 "for host, port in (('127.0.0.1', %d), ('10.0.0.1', 80), ('8.8.8.8', 53)):\n"
+                 f"for host, port in (('127.0.0.1', {port}), ('10.0.0.1', 80), ('8.8.8.8', 53)):\n"
                  "    s = socket.socket(); s.settimeout(2)\n"
                  "    try: s.connect((host, port)); print('connected', host)\n"
-                 "    except OSError as e: print('refused', host, e.errno)\n") % port
+                 "    except OSError as e: print('refused', host, e.errno)\n")
         code, text = await run(ws, f"python3 -c \"{probe}\"")
         assert "connected" not in text, text
         assert text.count("refused") == 3

@@ -49,9 +49,8 @@ async def test_cancelled_fork_leaves_nothing_and_source_in_step(runtime: Workspa
 
     source = await runtime.create(heap_app())
     task = asyncio.ensure_future(source.fork())
-    with await_points.hook(cancel_at(task, point)):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, point)), pytest.raises(asyncio.CancelledError):
+        await task
     consistent(runtime)
     assert list(runtime.workspaces) == [source.id]
     # the source's channel is still in step: the next reply is the answer to the next request
@@ -71,9 +70,8 @@ async def test_a_cancelled_restore_leaves_nothing_and_its_dump_goes_with_the_sou
     rt: WorkspaceRuntime = await make_runtime(backend="restore")
     source = await rt.create(heap_app())
     task = asyncio.ensure_future(source.fork())
-    with await_points.hook(cancel_at(task, point)):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, point)), pytest.raises(asyncio.CancelledError):
+        await task
     consistent(rt)
     assert list(rt.workspaces) == [source.id]
     assert (await source.execute(ToolCall(name="shell", args={"cmd": "echo next"}))).output == "next\n"
@@ -85,9 +83,8 @@ async def test_a_cancelled_restore_leaves_nothing_and_its_dump_goes_with_the_sou
 @pytest.mark.parametrize("point", CREATE_POINTS)
 async def test_cancelled_create_leaves_nothing(runtime: WorkspaceRuntime, point: str) -> None:
     task = asyncio.ensure_future(runtime.create(heap_app()))
-    with await_points.hook(cancel_at(task, point)):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, point)), pytest.raises(asyncio.CancelledError):
+        await task
     consistent(runtime)
     assert runtime.workspaces == {}
 
@@ -97,9 +94,8 @@ async def test_cancelled_execute_keeps_channel_in_step(runtime: WorkspaceRuntime
 
     ws = await runtime.create(heap_app())
     task = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "sleep 0.3; echo first"})))
-    with await_points.hook(cancel_at(task, "workspace.request.sent")):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, "workspace.request.sent")), pytest.raises(asyncio.CancelledError):
+        await task
     assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo second"}))).output == "second\n"
 
 
@@ -108,9 +104,8 @@ async def test_cancelled_runtime_close_still_cleans_up(make_runtime) -> None:
     ws = await rt.create(heap_app())
     await ws.fork()
     task = asyncio.ensure_future(rt.close())
-    with await_points.hook(cancel_at(task, "runtime.close")):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, "runtime.close")), pytest.raises(asyncio.CancelledError):
+        await task
     deadline = time.monotonic() + 10
     while leftovers(rt.run_id, rt.run_dir) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -160,14 +155,12 @@ async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_st
 
     ws = await runtime.create(heap_app())
     slow = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "sleep 0.4; echo first"})))
-    with await_points.hook(cancel_at(slow, "workspace.request.sent")):
-        with pytest.raises(asyncio.CancelledError):
-            await slow
+    with await_points.hook(cancel_at(slow, "workspace.request.sent")), pytest.raises(asyncio.CancelledError):
+        await slow
     waiting = asyncio.ensure_future(ws.execute(ToolCall(name="shell", args={"cmd": "echo second"})))
     # cancelled while it waits for the orphaned reply of the first
-    with await_points.hook(cancel_at(waiting, "workspace.request.orphan")):
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
+    with await_points.hook(cancel_at(waiting, "workspace.request.orphan")), pytest.raises(asyncio.CancelledError):
+        await waiting
     assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo third"}))).output == "third\n"
     assert (await ping(ws)).pid == ws.pid
 
@@ -175,9 +168,9 @@ async def test_cancelling_the_wait_for_an_orphaned_reply_keeps_the_channel_in_st
 async def test_fork_cancelled_twice_still_leaves_nothing(runtime) -> None:
     source = await runtime.create(heap_app())
     task = asyncio.ensure_future(source.fork())
-    with await_points.hook(cancel_at(task, "fork.cow.request"), "fork.cow.request"), \
-            await_points.hook(cancel_at(task, "hosts.await_ready"), "hosts.await_ready"):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with (await_points.hook(cancel_at(task, "fork.cow.request"), "fork.cow.request"),
+          await_points.hook(cancel_at(task, "hosts.await_ready"), "hosts.await_ready"),
+          pytest.raises(asyncio.CancelledError)):
+        await task
     consistent(runtime)
     assert list(runtime.workspaces) == [source.id]

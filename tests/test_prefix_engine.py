@@ -129,7 +129,8 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, str
     async def run() -> dict[int, str]:
         async with RolloutEngine(shop(), grounded(), concurrency=8,
                                  state_dir=tmp_path_factory.mktemp("baseline-state")) as engine:
-            return {seed: trajectories_sha256(ts) for seed, ts in zip([0, 1], await epochs(engine, [0, 1]))}
+            runs = await epochs(engine, [0, 1])
+            return {seed: trajectories_sha256(ts) for seed, ts in zip([0, 1], runs, strict=True)}
 
     yield asyncio.run(run())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +61,7 @@ async def test_one_dump_per_source_state_restored_many_times_without_recomputing
     timings = sorted((c.last_fork.dump_reused, c.last_fork.freeze_s > 0) for c in clones)  # type: ignore[union-attr]
     assert timings == [(False, True), (True, False), (True, False)]
     assert dumps(rt) == {f"dump-{source.id}-2.bin", f"dump-{source.id}-2.bin.w0", f"dump-{source.id}-2.layer"}
-    mounts = [line.split() for line in open("/proc/mounts")]
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
     assert [m[2] for m in mounts if m[1] == str(rt.layers.root / "dumps")] == ["tmpfs"]  # images in memory
     for clone in clones:
         restored = (await clone.execute(ToolCall(name="state"))).data

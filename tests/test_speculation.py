@@ -70,7 +70,7 @@ async def test_rewards_and_observations_identical_in_every_mode(state_dir: Path)
     runs = {mode: await run_epochs(shop(0.02), mode, state_dir, ids, [0, 1], 2, policy)
             for mode in ("base", "spec", "spec-readonly", "prefix", "full")}
     base = runs["base"][0]
-    for mode, (epochs, stats) in runs.items():
+    for mode, (epochs, _stats) in runs.items():
         for epoch, (mine, theirs) in enumerate(zip(epochs, base, strict=True)):
             assert [t.error for t in mine if t.error] == [], (mode, epoch)
             assert trajectories_sha256(mine) == trajectories_sha256(theirs), f"{mode} epoch {epoch} differs"

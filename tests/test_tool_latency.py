@@ -127,7 +127,7 @@ async def test_samples_and_clones_see_the_delays_their_calls_give(make_runtime, 
     calls = SHOP_CALLS if name == "webshop" else DESK_CALLS
     profile = WEBSHOP if name == "webshop" else DESKTOP
     want = expected_delays(name, calls, SCALE)
-    assert all(d > 0 for (_, kind), d in zip(calls, want) if profile[kind] != Delay())
+    assert all(d > 0 for (_, kind), d in zip(calls, want, strict=True) if profile[kind] != Delay())
     base = await rt.create(make_suite(name, SCALE).app())
     assert await run(base, calls[:2]) == want[:2]
     one, two = await base.fork(seed=1), await base.fork(seed=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from bunshin.envs.webshop.catalog import Catalog, generate_products
@@ -33,7 +35,7 @@ def test_search_ranks_matching_products_first() -> None:
     index = SearchIndex(catalog)
     try:
         hits = index.search("wireless noise-cancelling headphones", limit=10)
-        assert hits and all(s1 >= s2 for (_, s1), (_, s2) in zip(hits, hits[1:]))
+        assert hits and all(s1 >= s2 for (_, s1), (_, s2) in pairwise(hits))
         for doc, _ in hits[:2]:  # products with two adjectives can't exist: the best match two query words
             text = f"{catalog[doc].name} {catalog[doc].category}".lower()
             assert "headphones" in text and "noise-cancelling" in text

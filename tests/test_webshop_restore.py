@@ -186,11 +186,12 @@ def test_a_browser_pickles_whole(site: ShopSite) -> None:
     r = pickle.loads(data, buffers=[bytearray(x.raw()) for x in buffers])
     assert r.observe() == b.observe() and r.raster_bytes() == b.raster_bytes() > 0
     assert [len(t.history) for t in r.tabs] == [len(t.history) for t in b.tabs] and r.current == b.current
-    for mine, theirs in zip((p for t in b.tabs for p in t.history), (p for t in r.tabs for p in t.history)):
+    for mine, theirs in zip((p for t in b.tabs for p in t.history), (p for t in r.tabs for p in t.history),
+                            strict=True):
         assert (mine.url, mine.scroll, mine.focused) == (theirs.url, theirs.scroll, theirs.focused)
         assert np.array_equal(mine.raster, theirs.raster) and theirs.raster is not mine.raster
         assert len(mine.images) == len(theirs.images)
-        assert all(np.array_equal(x, y) for x, y in zip(mine.images, theirs.images))
+        assert all(np.array_equal(x, y) for x, y in zip(mine.images, theirs.images, strict=True))
     assert [(c.name, c.value, c.path) for c in r.cookies] == [(c.name, c.value, c.path) for c in b.cookies]
     # the tree still points into the restored document: typing reaches the form that is submitted
     assert any(n is r.page.tree.nodes[qty] for n in r.page.document.iter())

@@ -243,7 +243,7 @@ async def test_a_forked_shop_shares_at_least_half_its_memory_after_ten_actions(r
     await suite.start(base, start)
     a, b = await base.fork(), await base.fork()
     await base.close()
-    for call_a, call_b in zip(plan_a, plan_b):
+    for call_a, call_b in zip(plan_a, plan_b, strict=True):
         for ws, call in ((a, call_a), (b, call_b)):
             assert (await ws.execute(await suite.concrete(ws, call))).error is None
     sharing = compare(await asyncio.to_thread(page_set, a.cgroup.procs()),

@@ -214,9 +214,8 @@ async def test_a_cancelled_restore_leaves_nothing(make_runtime, backend: str, po
     parts = await asyncio.to_thread(image.read_parts)
     before = remains(rt)
     task = asyncio.ensure_future(rt.restore_image(APP, parts, copy_upper(image.layer_upper)))
-    with await_points.hook(cancel_at(task, point)):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with await_points.hook(cancel_at(task, point)), pytest.raises(asyncio.CancelledError):
+        await task
     assert remains(rt) == before
     restored = await rt.restore_image(APP, parts, copy_upper(image.layer_upper))
     assert await observe(restored) == await observe(source)
@@ -227,8 +226,7 @@ async def test_a_cancelled_image_leaves_nothing_and_the_source_in_step(runtime: 
     before = remains(runtime)
     for point in ("image.take.request", "workspace.request.sent"):
         task = asyncio.ensure_future(source.image("c"))
-        with await_points.hook(cancel_at(task, point)):
-            with pytest.raises(asyncio.CancelledError):
-                await task
+        with await_points.hook(cancel_at(task, point)), pytest.raises(asyncio.CancelledError):
+            await task
         assert remains(runtime) == before and runtime.hosts.images.live() == []  # type: ignore[union-attr]
     assert (await source.execute(ToolCall(name="bump"))).output == "1"

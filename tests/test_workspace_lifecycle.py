@@ -61,9 +61,9 @@ async def test_two_concurrent_closes_both_return_after_the_teardown(runtime: Wor
 async def test_a_close_whose_caller_was_cancelled_is_finished_by_the_next(runtime: WorkspaceRuntime) -> None:
     ws = await runtime.create(PROBE)
     first = asyncio.ensure_future(ws.close())
-    with await_points.hook(cancel_at(first, "workspace.close")):  # cancelled once its teardown has started
-        with pytest.raises(asyncio.CancelledError):
-            await first
+    # cancelled once its teardown has started
+    with await_points.hook(cancel_at(first, "workspace.close")), pytest.raises(asyncio.CancelledError):
+        await first
     await ws.close()
     assert gone(runtime, ws.id, ws.pid) == []
 

@@ -85,14 +85,14 @@ def _panels(records: list[dict[str, Any]], ylabel: str, title: str) -> tuple[Any
     plt = pyplot()
     epochs = sorted({r["epoch"] for r in records})
     fig, axes = plt.subplots(1, len(epochs), figsize=(4.2 * len(epochs) + 1, 4), sharey=True, squeeze=False)
-    for ax, epoch in zip(axes[0], epochs):
+    for ax, epoch in zip(axes[0], epochs, strict=True):
         ax.set_title(f"epoch {epoch}")
         ax.set_xlabel("seconds since the epoch started")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
     if title:
         fig.suptitle(title)
-    return plt, fig, list(zip(axes[0], epochs))
+    return plt, fig, list(zip(axes[0], epochs, strict=True))
 
 
 def _save(plt: Any, fig: Any, axes: list[tuple[Any, int]], path: Path) -> None:

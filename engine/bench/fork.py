@@ -108,7 +108,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         axes[1].plot(xs, [r["ready_ms_p50"] for r in rows], "o-", label=backend)
         axes[2].plot(xs, [r["clone_private_bytes"] / 2**20 for r in rows], "o-", label=backend)
     for ax, title in zip(axes, ("source freeze window p50 (ms)", "fork-to-ready p50 (ms)",
-                                "clone private memory after fork (MiB)")):
+                                "clone private memory after fork (MiB)"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workspace heap (MiB)")

@@ -38,7 +38,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     for i, first in enumerate(runs[0]["results"]):
         per_run = [r["results"][i] for r in runs]
 
-        def col(key: str) -> list[float]:
+        def col(key: str, per_run: list[dict] = per_run) -> list[float]:
             return [p[key]["median"] for p in per_run]
 
         ratio = [p["graft_us"]["median"] / p["fork_us"]["median"] for p in per_run]

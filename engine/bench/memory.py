@@ -141,8 +141,8 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> 
         xs = [r["rollouts"] for r in rows]
         for key, style, label in (("peak_bytes", "-o", "peak"), ("mean_bytes", ":s", "mean")):
             med = [r[key]["median"] / GiB for r in rows]
-            err = [[m - r[key]["min"] / GiB for m, r in zip(med, rows)],
-                   [r[key]["max"] / GiB - m for m, r in zip(med, rows)]]
+            err = [[m - r[key]["min"] / GiB for m, r in zip(med, rows, strict=True)],
+                   [r[key]["max"] / GiB - m for m, r in zip(med, rows, strict=True)]]
             ax2.errorbar(xs, med, yerr=err, fmt=style, capsize=3, label=f"{backend} {label}")
     ax2.set_xlabel("concurrent rollouts")
     ax2.set_ylabel("GiB (median, range over repeats)")

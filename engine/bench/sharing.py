@@ -297,14 +297,14 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     panels = (("identical_fraction", "identical by content"), ("physically_shared_fraction", "physically shared"))
-    for ax, (key, title) in zip(axes, panels):
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for name, t in data["templates"].items():
             points = [(r["step"], r[key]["median"]) for r in t["curve"] if r[key] is not None]
             if points:
-                ax.plot(*zip(*points), marker=".", label=f"{name} ({t['tasks']})")
+                ax.plot(*zip(*points, strict=True), marker=".", label=f"{name} ({t['tasks']})")
         everything = [(r["step"], r[key]["median"]) for r in data["all"]["curve"] if r[key] is not None]
         if everything:
-            ax.plot(*zip(*everything), color="black", linewidth=2.5, label="all tasks")
+            ax.plot(*zip(*everything, strict=True), color="black", linewidth=2.5, label="all tasks")
         ax.axhspan(0.5, 0.7, color="green", alpha=0.08, label="seed's figure after 10 steps (0.5-0.7)")
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("step")

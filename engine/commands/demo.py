@@ -40,7 +40,7 @@ async def demo(size: int, clones: int, backend: str) -> int:
         ok = True
         seen = (await source.execute(ToolCall(name="shell", args={"cmd": "cat ~/who"}))).output.strip()
         ok &= seen == "source"
-        for i, (clone, row) in enumerate(zip(forks, rows)):
+        for i, (clone, row) in enumerate(zip(forks, rows, strict=True)):
             who = (await clone.execute(ToolCall(name="shell", args={"cmd": "cat ~/who"}))).output.strip()
             page = (await clone.execute(ToolCall(name="read_page", args={"page": i}))).data["byte"]
             ok &= who == f"clone-{i}" and page == 100 + i

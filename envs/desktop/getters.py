@@ -111,7 +111,7 @@ async def _fetch(ws: Workspace, path: str, dest: str, tmp: Path) -> str | None:
 async def get_vm_file(ws: Workspace, config: dict[str, Any], tmp: Path) -> str | list[str | None] | None:
     if config.get("multi"):
         paths, dests = list(config["path"]), list(config["dest"])
-        got = [await _fetch(ws, p, d, tmp) for p, d in zip(paths, dests)]
+        got = [await _fetch(ws, p, d, tmp) for p, d in zip(paths, dests, strict=False)]
         gives = config.get("gives", [0])
         return got[gives[0]] if len(gives) == 1 else [got[i] for i in gives]
     return await _fetch(ws, str(config["path"]), str(config.get("dest") or os.path.basename(config["path"])), tmp)

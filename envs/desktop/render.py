@@ -55,7 +55,8 @@ def background() -> Image.Image:
     draw = ImageDraw.Draw(img)
     for y in range(SCREEN_H):
         t = y / (SCREEN_H - 1)
-        draw.line([(0, y), (SCREEN_W, y)], fill=tuple(int(a + (b - a) * t) for a, b in zip(BG_TOP, BG_BOTTOM)))
+        draw.line([(0, y), (SCREEN_W, y)],
+                  fill=tuple(int(a + (b - a) * t) for a, b in zip(BG_TOP, BG_BOTTOM, strict=True)))
     return img
 
 

@@ -15,7 +15,6 @@ import io
 import math
 import re
 from collections.abc import Callable, Iterator
-from typing import Union
 
 from ..errors import EnvsError
 
@@ -40,7 +39,7 @@ class ErrorValue(str):
 REF, DIV0, VALUE, NAME, CIRC, NUM = (ErrorValue(e) for e in ("#REF!", "#DIV/0!", "#VALUE!", "#NAME?", "#CIRC!",
                                                              "#NUM!"))
 
-Value = Union[int, float, str, None]
+Value = int | float | str | None
 
 
 def col_index(letters: str) -> int:
@@ -418,9 +417,7 @@ class Sheet:
             v = self._eval(node, visiting)
         finally:
             visiting.discard(key)
-        if isinstance(v, list):  # a bare range is not a value
-            v = VALUE
-        elif isinstance(v, float) and not math.isfinite(v):
+        if isinstance(v, list) or (isinstance(v, float) and not math.isfinite(v)):  # a range, inf, NaN: no value
             v = VALUE
         self._cache[key] = v
         return v

@@ -104,7 +104,7 @@ def check_supported(task: OSWorldTask, path: str | Path) -> None:
     if ev.conj not in ("and", "or"):
         raise TaskFileError(path, f"evaluator.conj {ev.conj!r} must be 'and' or 'or'")
     options = ev.options if isinstance(ev.options, list) else [ev.options] * len(ev.funcs)
-    for i, (name, opts) in enumerate(zip(ev.funcs, options)):
+    for i, (name, opts) in enumerate(zip(ev.funcs, options, strict=False)):
         where = f"evaluator.options[{i}]" if isinstance(ev.options, list) else "evaluator.options"
         extra = sorted(set(opts or {}) - METRIC_OPTIONS[name])
         if extra:
@@ -252,9 +252,8 @@ def compare_table(result_path: str | None, expected_path: str | None) -> float:
 
 def _dig(data: Any, keys: list[Any]) -> tuple[bool, Any]:
     for key in keys:
-        if isinstance(data, dict) and key in data:
-            data = data[key]
-        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+        if (isinstance(data, dict) and key in data) or \
+                (isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data)):
             data = data[key]
         else:
             return False, None

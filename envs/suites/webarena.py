@@ -310,7 +310,7 @@ def program_html(targets: list[ProgramHtml], shopping_base: str, read_page: Page
     selects the page's text where WebArena takes its HTML source (same answers for text; no markup to match)."""
     latest = read_json("/rest/V1/orders/latest").get("order_id") if needs_latest_order(targets) else None
     score = 1.0
-    for target, page_url in zip(targets, target_urls(targets, shopping_base, latest)):
+    for target, page_url in zip(targets, target_urls(targets, shopping_base, latest), strict=True):
         locator = parse_locator(target.locator)
         if locator is None:
             raise ValueError(f"unsupported program_html locator {target.locator!r}")  # refused at load

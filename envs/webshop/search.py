@@ -57,7 +57,7 @@ class SearchIndex:
     def _views(self, sizes: list[int]) -> None:
         self._sizes = sizes
         arrays, at = [], 0
-        for size, dtype in zip(sizes, (np.int64, np.int64, np.int32, np.float32, np.float32)):
+        for size, dtype in zip(sizes, (np.int64, np.int64, np.int32, np.float32, np.float32), strict=True):
             arrays.append(np.frombuffer(self.heap.map, dtype=dtype, count=size // np.dtype(dtype).itemsize,
                                         offset=at))
             at += size

@@ -191,7 +191,7 @@ class Store:
             return None
         items = [OrderItem(sku=s, name=n, price_cents=p, qty=q) for s, n, p, q in self.db.execute(
             "SELECT sku, name, price_cents, qty FROM order_items WHERE order_id = ? ORDER BY rowid", (order_id,))]
-        address = Address(**dict(zip(ADDRESS_FIELDS, row[3:11])))
+        address = Address(**dict(zip(ADDRESS_FIELDS, row[3:11], strict=True)))
         return Order(id=row[0], created=row[1], status=row[2], address=address, items=items,
                      subtotal_cents=row[11], shipping_cents=row[12])
 

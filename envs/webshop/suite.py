@@ -186,7 +186,7 @@ class WebShopSuite(Suite):
             answers[latest_path] = (await checked(ws, "_shop_json", {"path": latest_path})).data["json"]
             latest = answers[latest_path].get("order_id")
         pages: dict[tuple[str | None, str], str] = {}
-        for target, page_url in zip(targets, webarena.target_urls(targets, self.base_url, latest)):
+        for target, page_url in zip(targets, webarena.target_urls(targets, self.base_url, latest), strict=True):
             locator = webarena.parse_locator(target.locator)
             assert locator is not None  # load_task refused anything else
             if locator.kind in ("page", "selector"):

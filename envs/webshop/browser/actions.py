@@ -121,7 +121,7 @@ def _positional(action: str, verb: str, rest: str, layout: _Layout) -> dict[str,
         raise _fail(action, f"{verb} needs {layout.wanted}")
     if len(groups) > len(layout.before):
         raise _fail(action, f"{verb} takes {len(layout.before)} argument(s), got {len(groups)}")
-    return {arg.name: _required(action, verb, arg, raw) for arg, raw in zip(layout.before, groups)}
+    return {arg.name: _required(action, verb, arg, raw) for arg, raw in zip(layout.before, groups, strict=False)}
 
 
 def _with_text(action: str, verb: str, rest: str, layout: _Layout) -> dict[str, Any]:
@@ -142,9 +142,8 @@ def _with_text(action: str, verb: str, rest: str, layout: _Layout) -> dict[str, 
         args[arg.name] = _required(action, verb, arg, body[:sep.start()])
         body = body[sep.end():]
     for arg in reversed(layout.after):
-        last = None
-        for last in _SEPARATOR.finditer(body):
-            pass
+        separators = list(_SEPARATOR.finditer(body))
+        last = separators[-1] if separators else None
         value = _value(action, verb, arg, body[last.end():]) if last is not None else None
         if value is not None:
             args[arg.name], body = value, body[:last.start()]
@@ -171,10 +170,7 @@ def parse_action(text: str) -> ToolCall:
                             f"{', '.join(VERBS)}")
     rest = action[len(verb):].strip()
     layout = _LAYOUTS[verb]
-    if layout.text is None:
-        args = _positional(action, verb, rest, layout)
-    else:
-        args = _with_text(action, verb, rest, layout)
+    args = _positional(action, verb, rest, layout) if layout.text is None else _with_text(action, verb, rest, layout)
     try:
         return SCHEMA.normalize(ToolCall(name=verb, args=args))
     except ActionError as exc:

@@ -212,12 +212,10 @@ class Browser:
             self.current = len(self.tabs) - 1  # as WebArena: the last open tab gets the focus
         elif name == "goto":
             self._navigate(self.tab, self._resolve(a["url"]))
-        elif name == "go_back":
-            if self.tab.index > 0:
-                self.tab.index -= 1
-        elif name == "go_forward":
-            if self.tab.index < len(self.tab.history) - 1:
-                self.tab.index += 1
+        elif name == "go_back" and self.tab.index > 0:
+            self.tab.index -= 1
+        elif name == "go_forward" and self.tab.index < len(self.tab.history) - 1:
+            self.tab.index += 1
         self._keep_raster(self.page)
 
     def observe(self) -> Observation:
@@ -258,10 +256,7 @@ class Browser:
         cookies in a throw-away page (no history change), or on the current page as it is now when ``url`` is
         None (typed values included: the text of a form field is its value). ``PageSelectorError`` (a
         ``BrowserError`` and a ``dom.SelectorError``) for a selector outside the supported subset."""
-        if url is None:
-            document = self.page.document
-        else:
-            document = self._load(self._resolve(url)).document
+        document = self.page.document if url is None else self._load(self._resolve(url)).document
         if not selector.strip():
             return dom.outer_text(dom.body_of(document))
         try:

@@ -62,7 +62,7 @@ class Deadline:
         """The time left, for one socket operation; ``socket.timeout`` when there is none."""
         left = self.left()
         if left <= 0:
-            raise socket.timeout(f"the load's {self.seconds:g} s were used up")
+            raise TimeoutError(f"the load's {self.seconds:g} s were used up")
         return left
 
 
