@@ -23,9 +23,11 @@ namespace, the header, the spool, the pickled model; written atomically) and rem
 a saved file only if the frame verifies and the namespace matches (and the model only if scikit-learn's version and
 the feature groups match; else its examples are retrained). Format 1 was framed otherwise (no length, the version
 in the JSON header); such a file is refused like any other it cannot read.
-Must never: block the event loop on featurizing, fitting or predicting; fork the engine process; leave a worker
-process behind after ``close`` (also when cancelled); raise at ``open`` over a bad saved file (it starts empty and
-says why); or see a task's reference solution or evaluator (it learns only ``Situation``s and the calls made).
+Must never: block the event loop on featurizing, fitting or predicting; import scikit-learn in the engine's
+process (a second or more, for the version a saved file records: that is read from the package's metadata); fork
+the engine process; leave a worker process behind after ``close`` (also when cancelled); raise at ``open`` over a
+bad saved file (it starts empty and says why); or see a task's reference solution or evaluator (it learns only
+``Situation``s and the calls made).
 """
 
 from __future__ import annotations
@@ -251,8 +253,8 @@ class BadFile(SelectorError):
 
 @functools.cache
 def _sklearn_version() -> str:
-    """scikit-learn's version, from its installed metadata: importing it (only the workers need it) would block
-    the event loop for seconds."""
+    """The installed scikit-learn's version (its ``__version__``), read from the package's metadata: importing
+    scikit-learn takes a second or more, and only the workers need it (called in a thread: it reads files)."""
     return importlib.metadata.version("scikit-learn")
 
 
@@ -387,7 +389,8 @@ class SpecToolSelector:
             return
         self._examples = self._spooled = self._submitted = header.examples
         self._spool_bytes = header.examples_bytes
-        usable = header.model_bytes and header.sklearn == _sklearn_version() and tuple(header.groups) == self.groups
+        sklearn = await asyncio.to_thread(_sklearn_version)
+        usable = header.model_bytes and header.sklearn == sklearn and tuple(header.groups) == self.groups
         if usable:
             self._model, self._trained, self._classes = model, header.model_examples, header.classes
             self._submitted = header.model_examples
@@ -431,9 +434,10 @@ class SpecToolSelector:
             self._spooled += len(chunk)
         model = self._model
         model_bytes = (await asyncio.to_thread(os.path.getsize, model)) if model is not None else 0
+        sklearn = await asyncio.to_thread(_sklearn_version)
         header = _Saved(namespace=self.namespace, examples=self._spooled,
                         examples_bytes=self._spool_bytes, model_examples=self._trained if model else 0,
-                        model_bytes=model_bytes, classes=self._classes, sklearn=_sklearn_version(),
+                        model_bytes=model_bytes, classes=self._classes, sklearn=sklearn,
                         groups=list(self.groups))
         await asyncio.to_thread(self.model_dir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(_save, self.model_dir / FILE_NAME, header, self._spool, model)
