@@ -129,10 +129,8 @@ _MODEL: dict[str, Any] = {}  # model file -> the loaded model (one at a time)
 def _worker_init() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    try:
+    with contextlib.suppress(OSError):
         os.nice(5)  # training yields to the engine and the workspaces
-    except OSError:
-        pass
 
 
 def read_spool(path: str, offset: int, count: int) -> tuple[list[Example], int]:
