@@ -104,10 +104,13 @@ async def settled(check, timeout: float = 30.0) -> list[str]:
 async def test_the_same_seeds_give_the_same_trajectories_on_one_host_and_on_the_cluster(cluster, task_dir,
                                                                                        state_dir) -> None:
     reference = await one_host(task_dir, state_dir, seed=7, group_size=2)
+    before = set(asyncio.all_tasks())
     async with ClusterEngine(shop(task_dir), policy(), concurrency=2, state_dir=state_dir) as engine:
         assert len(engine.infos) == 3
         results = await engine.run(engine.requests(group_size=2, seed=7))
         infos = list(engine.infos.values())
+    # the status poller, the meter's reader and the stream's producer ended with the engine
+    assert {t for t in asyncio.all_tasks() if t not in before and t is not asyncio.current_task()} == set()
     assert by_sample(results) == reference
     assert all(r.trajectory.status == Status.OK and not r.retried for r in results)
     assert len({r.node for r in results}) >= 2  # the batch did spread over the cluster

@@ -244,9 +244,9 @@ def test_a_task_file_the_suite_cannot_use_is_refused_with_path_and_field(tmp_pat
 def test_the_registry_makes_the_desktop_suite_with_its_knobs() -> None:
     from bunshin.envs.suites.registry import get_suite
 
-    suite = get_suite("desktop", cache_mb=8, recording_frames=0)
+    suite = get_suite("desktop", cache_mb=8, recording_frames=0, time_scale=0.5)
     assert isinstance(suite, DesktopSuite) and len(suite.tasks()) >= 60
-    assert suite.app().kwargs == {"cache_mb": 8, "recording_frames": 0, "time_scale": 0.0}  # conftest: no latency
+    assert suite.app().kwargs == {"cache_mb": 8, "recording_frames": 0, "time_scale": 0.5}
     with pytest.raises(ValueError):
         DesktopSuite(cache_mb=-1)
     with pytest.raises(TypeError):

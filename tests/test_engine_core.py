@@ -150,7 +150,7 @@ async def test_the_gate_never_runs_more_than_it_may(concurrency: int, sizes: lis
                 violations.append(f"rollout {i} admitted over the budget beside {sorted(held)}")
             held[i] = size * MiB
             peak = max(peak, len(held))
-            await asyncio.sleep(rng.random() * 0.01)
+            await asyncio.sleep(rng.random() * 0.01)  # the rollout runs a random time: admissions interleave
             ticket.grew = size * MiB
             del held[i]
 
@@ -172,9 +172,11 @@ async def test_a_cancelled_waiter_takes_no_slot_and_a_cancelled_holder_gives_its
             await release.wait()
 
     holder = asyncio.ensure_future(hold())
-    await asyncio.sleep(0)
+    await all_tasks_blocked()  # the holder has the slot
+    assert adm.active == 1
     waiter = asyncio.ensure_future(gate.acquire())
-    await asyncio.sleep(0)
+    await all_tasks_blocked()  # the waiter waits for it
+    assert not waiter.done()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
@@ -130,7 +129,6 @@ async def test_dead_host_is_reported_with_its_reason(runtime: WorkspaceRuntime) 
         await victim.execute(sh("true"))
     assert "killed by SIGKILL" in info.value.reason
     assert (await run(other, "echo ok"))[1] == "ok"
-    await asyncio.sleep(0)
 
 
 async def test_the_runtimes_own_files_are_out_of_the_agents_reach(runtime: WorkspaceRuntime) -> None:
@@ -181,8 +179,9 @@ async def test_sysv_ipc_objects_stay_in_their_workspace(runtime: WorkspaceRuntim
 async def test_abstract_unix_sockets_stay_in_their_workspace(runtime: WorkspaceRuntime) -> None:
     """Abstract socket names live in the network namespace: another workspace (or the host) cannot reach them."""
     one, two = await runtime.create(heap_app()), await runtime.create(heap_app())
-    listen = ("nohup python3 -c \"import socket, time; s = socket.socket(socket.AF_UNIX); "
-              "s.bind('\\0bunshin-probe'); s.listen(); time.sleep(60)\" > /dev/null 2>&1 & sleep 0.5")
+    # the listener forks once it listens and its parent exits: the command returns with the socket bound
+    listen = ("nohup python3 -c \"import os, socket, time; s = socket.socket(socket.AF_UNIX); "
+              "s.bind('\\0bunshin-probe'); s.listen(); os.fork() and os._exit(0); time.sleep(60)\" > /dev/null 2>&1")
     connect = ("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX)\n"
                "try:\n    s.connect('\\0bunshin-probe'); print('connected')\n"
                "except OSError as e: print('refused', e.errno)\"")

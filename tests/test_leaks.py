@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from bunshin.envs import WorkspaceRuntime
 from bunshin.envs.runtime import await_points
 
 from .conftest import cancel_at, heap_app, host_processes, leftovers, ping, pool_layers
+from .quiet import settled, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,10 +106,7 @@ async def test_cancelled_runtime_close_still_cleans_up(make_runtime) -> None:
     task = asyncio.ensure_future(rt.close())
     with await_points.hook(cancel_at(task, "runtime.close")), pytest.raises(asyncio.CancelledError):
         await task
-    deadline = time.monotonic() + 10
-    while leftovers(rt.run_id, rt.run_dir) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert leftovers(rt.run_id, rt.run_dir) == []
+    assert await settled(lambda: leftovers(rt.run_id, rt.run_dir)) == []  # the hosts exit, the kernel drops cgroups
 
 
 @pytest.mark.parametrize("fault", ["fork.after_snapshot:hang", "clone.after_cgroup:hang"])
@@ -121,19 +118,14 @@ async def test_engine_killed_mid_fork_is_cleaned_up_at_next_start(state_dir: Pat
         _, run_id, run_dir_text = (await victim.stdout.readline()).decode().split()
         assert (await victim.stdout.readline()).decode().strip() == "forking"
         run_dir = Path(run_dir_text)
-        deadline = time.monotonic() + 20  # the fork reached its fault once the clone's layer is in the pool
-        while len(list((run_dir / "pool").glob("ws-*"))) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert len(list((run_dir / "pool").glob("ws-*"))) == 2
+        # the victim's fork reached its fault once the clone's layer is in the pool
+        assert await until(lambda: len(list((run_dir / "pool").glob("ws-*"))) == 2, 20)
         assert len(host_processes()) >= 1
     finally:
         victim.kill()
         await victim.wait()
     # Hosts die with their engine (parent-death signal) ...
-    deadline = time.monotonic() + 10
-    while host_processes() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert host_processes() == []
+    assert await settled(host_processes) == []
     # ... but its cgroups, pool mount and directory wait for the next start.
     left = leftovers(run_id, run_dir)
     assert any(x.startswith("cgroup") for x in left) and any(x.startswith("mount") for x in left), left

@@ -79,7 +79,7 @@ def runner(delays: random.Random, log: list[tuple[str, int]], fail_on: str | Non
     """Groups whose rollouts take a random time up to ``scale_s`` (modelled), noted in ``log`` as they finish."""
     async def run_group(req: RolloutRequest, finish: Callable[[Trajectory], Awaitable[None]]) -> None:
         async def one(sample: int) -> None:
-            await asyncio.sleep(delays.random() * scale_s)
+            await asyncio.sleep(delays.random() * scale_s)  # a modelled run time: groups finish out of order
             if req.group_id == fail_on:
                 raise RuntimeError(f"bug in {req.group_id}")
             log.append((req.group_id, sample))
@@ -167,7 +167,7 @@ async def test_a_model_server_not_set_up_ends_the_pull_with_that_one_error() -> 
         async def one(sample: int) -> None:
             if sample == 1:
                 raise ServerConfigError("http://x/v1: add --enable-auto-tool-choice")
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # a sample that never ends: the error must end the pull, not it
 
         async with asyncio.TaskGroup() as tg:
             for s in range(req.group_size):
@@ -260,7 +260,7 @@ class VersionWitness(Policy):
 @pytest.mark.asyncio
 async def test_a_trainer_pulling_from_the_engine_gets_every_rollout_once_within_the_bound(state_dir, task_dir
                                                                                           ) -> None:
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir, time_scale=0.0)
     policy = VersionWitness()
     async with RolloutEngine(suite, ScriptedPolicy(time_scale=0.0), concurrency=4, state_dir=state_dir) as engine:
         reference = {(r.trajectory.group_id, r.trajectory.sample): r.trajectory
@@ -295,7 +295,7 @@ async def test_a_trainer_pulling_from_the_engine_gets_every_rollout_once_within_
 
 @pytest.mark.asyncio
 async def test_closing_the_engine_mid_pull_leaves_nothing_behind(state_dir, task_dir) -> None:
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir, time_scale=0.0)
     engine = RolloutEngine(suite, ScriptedPolicy(time_scale=0.02), concurrency=4, state_dir=state_dir)
     before = set(asyncio.all_tasks())
     async with engine:

@@ -70,6 +70,23 @@ class Undecided:
         pass
 
 
+class LateAfter:
+    """A selector that predicts one call with certainty ``quick`` times, then only once ``ready`` is set."""
+
+    def __init__(self, call: ToolCall, quick: int):
+        self.call, self.quick = call, quick
+        self.ready = asyncio.Event()
+
+    async def predict(self, situation: Situation) -> list[Prediction]:
+        self.quick -= 1
+        if self.quick < 0:
+            await self.ready.wait()
+        return [Prediction(label=label_of(self.call), call=self.call, p=1.0)]
+
+    def learn(self, situation: Situation, label: str) -> None:
+        pass
+
+
 class Certain:
     """A selector (``shared.Predictor``) that predicts one call with certainty and remembers what it learned."""
 
@@ -88,8 +105,8 @@ def shell(cmd: str) -> ToolCall:
     return ToolCall(name="shell", args={"cmd": cmd})
 
 
-def shared(call: ToolCall) -> SpeculationShared:
-    settings = SpecSettings(depth=1, memory_headroom=None)
+def shared(call: ToolCall, depth: int = 1) -> SpeculationShared:
+    settings = SpecSettings(depth=depth, memory_headroom=None)
     memory = BranchMemory(budget=None, headroom=None, run_memory=lambda: 0)
     return SpeculationShared(settings=settings, selector=Certain(call), tail=TailPredictor(), memory=memory,
                              slots=SpecSlots(settings.slots, memory.allows))
@@ -158,6 +175,43 @@ async def test_an_adopted_branch_is_the_callers_and_a_replaced_workspace_closes_
     assert others(before) == set() and ws.closed
     assert list(runtime.workspaces.values()) == [branch.ws] and state.branches == {}
     await branch.ws.close()
+
+
+async def test_a_carried_branch_is_the_next_steps_even_before_its_prediction_comes(runtime: WorkspaceRuntime
+                                                                                   ) -> None:
+    """Depth 2: the branch's child is still running when the branch is adopted, so it is carried to the next step.
+    The next call comes before that step's prediction does: the carried branch is the one resolved (adopted here),
+    not lost (it was, when it became the step's branch only once the prediction had come: its workspace stayed
+    open and counted as a live branch)."""
+    ws = await runtime.create(heap_app())
+    call = shell("echo ahead")
+    state = shared(call, depth=2)
+    selector = LateAfter(call, quick=2)  # the first step's and its child's predictions; the next step's is late
+    state.selector = selector
+    spec = speculation(state)
+    reached = 0
+    both = asyncio.Event()
+
+    def count(name: str) -> None:
+        nonlocal reached
+        reached += 1
+        if reached == 2:
+            both.set()
+
+    with await_points.hook(count, BRANCH_CALL):
+        begin(spec, ws)
+        await both.wait()  # the branch ran its call, its child forked it and is about to run the same call
+    first = await spec.resolve(call)
+    assert first is not None and first.ws is not None and spec.pending is not None
+    spec.close_later(ws)
+    begin(spec, first.ws)  # the next step; its prediction does not come
+    second = await spec.resolve(call)
+    assert second is not None and second.ws is not None and state.counts["adopted"] == 2
+    spec.close_later(first.ws)
+    await spec.close()
+    selector.ready.set()
+    assert state.branches == {} and list(runtime.workspaces.values()) == [second.ws]
+    await second.ws.close()
 
 
 async def test_a_wrong_prediction_is_thrown_away_and_its_close_awaited_by_close(runtime: WorkspaceRuntime) -> None:

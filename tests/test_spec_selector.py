@@ -8,6 +8,8 @@ import logging
 import multiprocessing
 import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -191,6 +193,48 @@ async def test_learn_file(tmp_path: Path) -> None:
         with pytest.raises(TrainFileError, match="missing.jsonl"):
             sel.learn_file(tmp_path / "missing.jsonl", {})
         assert sel.statistics()["examples"] == 9  # nothing of a bad file is learned
+
+
+# Run in a fresh interpreter: this test process may have imported scikit-learn already (``featurize`` above).
+SAVE_AND_LOAD = """
+import asyncio, sys
+from pathlib import Path
+from bunshin.engine.speculation.features import Situation, label_of
+from bunshin.engine.speculation.selector import SpecToolSelector
+from bunshin.envs.records import ToolCall
+
+async def main(directory: Path) -> None:
+    seen = Situation(suite="webshop", template="buy", instruction="buy shoes", step=0, calls=(),
+                     observation="Tab 0: Home Page [12] link 'Shoes'")
+    click = label_of(ToolCall(name="click", args={"element_id": 12}))
+    async with SpecToolSelector("ns", model_dir=directory, retrain_every=1000) as sel:
+        for _ in range(3):
+            sel.learn(seen, click)
+        await sel.retrain_now()
+        assert [p.label for p in await sel.predict(seen)] == [click]
+    async with SpecToolSelector("ns", model_dir=directory, retrain_every=1000) as sel:
+        assert sel.statistics()["model_examples"] == 3, sel.statistics()  # the saved model: its version matched
+    print(sorted({m.split(".")[0] for m in sys.modules} & {"sklearn", "scipy"}))
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_the_engine_process_never_imports_scikit_learn(tmp_path: Path) -> None:
+    """Importing scikit-learn takes a second or more (scipy, numpy): on the event loop, where the selector once did
+    it for the version a saved file records, it blocked the loop. Only the workers import it; the version a saved
+    file records is scikit-learn's own, read from its metadata."""
+    done = subprocess.run([sys.executable, "-c", SAVE_AND_LOAD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    import sklearn
+
+    assert selector_module._sklearn_version() == sklearn.__version__
+    body = selector_module.SAVED.read(tmp_path / FILE_NAME)  # a length, the JSON header, examples, model
+    (n,) = selector_module._LEN.unpack_from(body, 0)
+    header = msgspec.json.decode(body[selector_module._LEN.size:selector_module._LEN.size + n])
+    assert header["sklearn"] == sklearn.__version__ and header["model_bytes"] > 0
 
 
 def big_examples(n: int, seed: int = 0) -> list[tuple[Situation, str]]:

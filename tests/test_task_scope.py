@@ -163,7 +163,7 @@ async def test_run_to_end_awaits_an_async_undo() -> None:
         return "x"
 
     async def undo(_: str) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # an undo that itself awaits
         undone.set()
 
     caller = asyncio.get_running_loop().create_task(run_to_end(make(), undo))
@@ -183,7 +183,7 @@ async def test_all_tasks_blocked_waits_for_runnable_tasks_and_fails_on_a_busy_on
     async def chain() -> None:
         for i in range(50):
             steps.append(i)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # runnable again at once: not blocked until the chain ends
 
     task = asyncio.get_running_loop().create_task(chain())
     await all_tasks_blocked()
@@ -193,7 +193,7 @@ async def test_all_tasks_blocked_waits_for_runnable_tasks_and_fails_on_a_busy_on
 
     async def busy() -> None:
         while not stop:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # never blocked: a busy loop
 
     spinner = asyncio.get_running_loop().create_task(busy())
     with pytest.raises(AssertionError, match="still runnable"):

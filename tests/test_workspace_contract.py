@@ -196,7 +196,8 @@ async def test_a_close_whose_caller_was_cancelled_still_finishes(rt: Any) -> Non
     ws = await rt.create(COUNTER)
     await ws.execute(call("add", n=1))
     closing = asyncio.ensure_future(ws.close())
-    await asyncio.sleep(0)  # it has started
+    await asyncio.sleep(0)  # one turn of the loop: the new task runs to its first await, inside close
+    assert ws.closed and not closing.done()  # the close has started, and not finished
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closing

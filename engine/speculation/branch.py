@@ -115,8 +115,9 @@ class SampleSpeculation:
         self.situation, self.predictions = situation, None
         self.predicting = self._predictions.start_soon(self.shared.selector.predict(situation))
         carried, self.pending = self.pending, None
-        if carried is not None:
+        if carried is not None:  # this step's branch from now: a call that comes before the prediction resolves it
             carried.p = carried.own_p  # the call before it has matched
+            self.current = carried
         self._jobs.start_soon(self._speculate(situation, workspace, serves, carried))
 
     async def _speculate(self, situation: Situation, workspace: SampleWorkspace,
@@ -130,7 +131,6 @@ class SampleSpeculation:
         except Exception:  # a selector that cannot predict costs this step its speculation, nothing more
             self.predictions = []
         if carried is not None:  # a branch for this call is already running or done
-            self.current = carried
             await self._extend(carried, situation.step + 1, situation.calls)
             return
         best = self._worth(self.predictions, 1.0, serves)

@@ -23,9 +23,11 @@ namespace, the header, the spool, the pickled model; written atomically) and rem
 a saved file only if the frame verifies and the namespace matches (and the model only if scikit-learn's version and
 the feature groups match; else its examples are retrained). Format 1 was framed otherwise (no length, the version
 in the JSON header); such a file is refused like any other it cannot read.
-Must never: block the event loop on featurizing, fitting or predicting; fork the engine process; leave a worker
-process behind after ``close`` (also when cancelled); raise at ``open`` over a bad saved file (it starts empty and
-says why); or see a task's reference solution or evaluator (it learns only ``Situation``s and the calls made).
+Must never: block the event loop on featurizing, fitting or predicting; import scikit-learn in the engine's
+process (a second or more, for the version a saved file records: that is read from the package's metadata); fork
+the engine process; leave a worker process behind after ``close`` (also when cancelled); raise at ``open`` over a
+bad saved file (it starts empty and says why); or see a task's reference solution or evaluator (it learns only
+``Situation``s and the calls made).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import importlib.metadata
 import logging
 import mmap
 import multiprocessing
@@ -125,10 +129,8 @@ _MODEL: dict[str, Any] = {}  # model file -> the loaded model (one at a time)
 def _worker_init() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    try:
+    with contextlib.suppress(OSError):
         os.nice(5)  # training yields to the engine and the workspaces
-    except OSError:
-        pass
 
 
 def read_spool(path: str, offset: int, count: int) -> tuple[list[Example], int]:
@@ -247,10 +249,11 @@ class BadFile(SelectorError):
     """A saved selector file that cannot be used (named, with the reason)."""
 
 
+@functools.cache
 def _sklearn_version() -> str:
-    import sklearn
-
-    return sklearn.__version__
+    """The installed scikit-learn's version (its ``__version__``), read from the package's metadata: importing
+    scikit-learn takes a second or more, and only the workers need it (called in a thread: it reads files)."""
+    return importlib.metadata.version("scikit-learn")
 
 
 def _save(path: Path, header: _Saved, spool: Path, model: Path | None) -> None:
@@ -384,7 +387,8 @@ class SpecToolSelector:
             return
         self._examples = self._spooled = self._submitted = header.examples
         self._spool_bytes = header.examples_bytes
-        usable = header.model_bytes and header.sklearn == _sklearn_version() and tuple(header.groups) == self.groups
+        sklearn = await asyncio.to_thread(_sklearn_version)
+        usable = header.model_bytes and header.sklearn == sklearn and tuple(header.groups) == self.groups
         if usable:
             self._model, self._trained, self._classes = model, header.model_examples, header.classes
             self._submitted = header.model_examples
@@ -428,9 +432,10 @@ class SpecToolSelector:
             self._spooled += len(chunk)
         model = self._model
         model_bytes = (await asyncio.to_thread(os.path.getsize, model)) if model is not None else 0
+        sklearn = await asyncio.to_thread(_sklearn_version)
         header = _Saved(namespace=self.namespace, examples=self._spooled,
                         examples_bytes=self._spool_bytes, model_examples=self._trained if model else 0,
-                        model_bytes=model_bytes, classes=self._classes, sklearn=_sklearn_version(),
+                        model_bytes=model_bytes, classes=self._classes, sklearn=sklearn,
                         groups=list(self.groups))
         await asyncio.to_thread(self.model_dir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(_save, self.model_dir / FILE_NAME, header, self._spool, model)

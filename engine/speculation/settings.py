@@ -1,8 +1,8 @@
 """What a run asks of speculation: ``SpecSettings`` (``bunshin eval --speculate`` and its flags).
 
 Owns: the settings and their validation, and the names of the figures speculation reports (``STATISTICS``). The
-selector is ``selector.py``; branches, slots and tail priority are ``branch.py``, ``slots.py``, ``tail.py``;
-``speculator.py`` ties them to the engine.
+selector is ``selector.py``; branches, slots and tail priority are ``branch.py``, ``slots.py``, ``tail.py``; what
+the samples share is ``shared.py``; ``speculator.py`` ties them to the engine.
 """
 
 from __future__ import annotations
