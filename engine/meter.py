@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -74,13 +75,13 @@ class MemoryMeter:
         def at(t: float) -> float:
             if t <= self.timeline[0][0]:
                 return float(self.timeline[0][1])
-            for (ta, va), (tb, vb) in zip(self.timeline, self.timeline[1:]):
+            for (ta, va), (tb, vb) in pairwise(self.timeline):
                 if ta <= t <= tb:
                     return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else float(vb)
             return float(self.timeline[-1][1])
 
         points = [(t0, at(t0)), *((t, float(v)) for t, v in self.timeline if t0 < t < t1), (t1, at(t1))]
-        gib_s = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:])) / GiB
+        gib_s = sum((tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in pairwise(points)) / GiB
         return round(max(v for _, v in points)), gib_s
 
     @property

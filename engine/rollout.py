@@ -296,14 +296,15 @@ class RolloutEngine:
                 open_groups.release()
 
         try:
-            if self.prefix_cache is not None and task is not None:
-                if await self._cached_group(request, task, trajectories, finish, let_go):
-                    return
+            if self.prefix_cache is not None and task is not None and \
+                    await self._cached_group(request, task, trajectories, finish, let_go):
+                return
             base, first = await self._setup(request, task, trajectories, finish)
             if base is None:
                 return
+            assert task is not None and first is not None  # a base: _setup had the task and set it up
             try:
-                await self._samples(task, base, first, trajectories, finish, let_go)  # type: ignore[arg-type]
+                await self._samples(task, base, first, trajectories, finish, let_go)
             finally:
                 await base.close()
         finally:

@@ -201,7 +201,7 @@ class WorkspaceApp:
         large buffers out of band. Workers image themselves (``WorkerApp.checkpoint``), one image per process."""
         return b""
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         """Rebuild state from ``checkpoint()`` output in a fresh workspace, in private memory (``data`` is the
         concatenated parts, a read-only view of the mapped checkpoint file, valid during this call only).
 
@@ -242,7 +242,7 @@ class WorkerApp:
         workspace."""
         raise NotImplementedError(f"{type(self).__name__} does not checkpoint its state")
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         """Instead of ``setup``, in a worker a restoring host spawned (``ctx.spawn`` in ``WorkspaceApp.restore``):
         rebuild the state from ``checkpoint()``'s bytes (a view of the image, valid during this call only) in this
         process's private memory, on the restored workspace's files. Nothing that was imaged is recomputed."""

@@ -46,6 +46,7 @@ application that draws from ``random`` itself gets one stream for all), or leave
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import io
@@ -472,10 +473,8 @@ def _release(app: WorkspaceApp | None, ctx: MemoryAppContext) -> None:
     """In a thread: what a host's shutdown does, then the directory goes."""
     try:
         if app is not None:
-            try:
+            with contextlib.suppress(Exception):
                 app.close()
-            except Exception:
-                pass
         for f in ctx.files:
             f.close()
     finally:

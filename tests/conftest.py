@@ -177,8 +177,7 @@ async def ping(ws: Workspace) -> Pong:
     """Ask the workspace's host who it is (the protocol's ``Ping``): a check that it serves, and its pid."""
     assert isinstance(ws, HostWorkspace)
     reply = await ws.request(Ping())
-    ws.expect(reply, Pong)
-    return reply  # type: ignore[return-value]
+    return ws.expect(reply, Pong)
 
 
 def cancel_at(task: asyncio.Future[object], name: str, occurrence: int = 1) -> await_points.Hook:

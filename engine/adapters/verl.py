@@ -131,7 +131,8 @@ class BunshinAgentLoop(AgentLoopBase):
             ids = list(merged.token_ids)
             logprobs = list(merged_logprobs) if merged_logprobs is not None else []
             turns += 1
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()
+            # verl annotates AgentLoopBase.tokenizer as AutoTokenizer (the factory); it holds the tokenizer it made
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
             actions.append(text)
             messages.append({"role": "assistant", "content": text})
             t0 = time.monotonic()

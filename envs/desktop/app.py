@@ -150,7 +150,7 @@ class DesktopApp(WorkspaceApp):
         return state_image.dump((self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
                                  self.versions, self.cache, self.compositor, self.recording, self.latency))
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         """Instead of ``setup``: the session read back from its image into private memory (the cache is not
         rebuilt, the textures not re-rendered)."""
         self.ctx = ctx

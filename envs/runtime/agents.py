@@ -9,6 +9,7 @@ Must never: let a command inherit a descriptor of the host's, or keep running pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -105,10 +106,8 @@ class Agents:
         self.close_namespace_fd()
         if init is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(init, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         while True:
             try:
                 if os.waitpid(-1, 0)[0] == init:
@@ -173,10 +172,8 @@ def _preexec(cgroup_fds: list[int], agent_group: str, private: list[int]) -> Non
     we still own our /proc entry; the descriptors must be gone before anything runs as the agent)."""
     join_by_fds(cgroup_fds, agent_group)
     for fd in [*private, *cgroup_fds]:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(AGENT_OOM_SCORE_ADJ))
     os.setgroups([])
@@ -211,10 +208,8 @@ def _init(ready_w: int, cgroup_fds: list[int], agent_group: str) -> None:
         os.closerange(3, ready_w)
         os.closerange(ready_w + 1, 65536)
         syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
-        try:
+        with contextlib.suppress(OSError):
             syscalls.umount("/proc", syscalls.MNT_DETACH)
-        except OSError:
-            pass
         rootfs.mount_proc()
         os.write(ready_w, b"1")
         os.close(ready_w)

@@ -9,6 +9,7 @@ on any path that reaches ``remove``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -114,10 +115,8 @@ class Cgroup:
         base = self.path("memory")
         dirs = [base] + (_subgroups(base) if recursive else [])
         for d in dirs:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except FileNotFoundError:
-                pass
         return sorted(pids)
 
     def kill_all(self, timeout: float = 10.0) -> None:
@@ -130,10 +129,8 @@ class Cgroup:
         try:
             while pids := self.procs():
                 for pid in pids:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                 self.freeze(False)  # a frozen task dies only once thawed
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"cgroup {self.rel}: processes {pids} survive SIGKILL")
@@ -155,11 +152,10 @@ class Cgroup:
 
     def _set_frozen(self, group: Path, frozen: bool) -> None:
         target = group / ("cgroup.freeze" if self.layout.version == 2 else "freezer.state")
-        try:
+        # the group gone (removed, or never had a freezer file): nothing to freeze or thaw
+        with contextlib.suppress(FileNotFoundError):
             _write(target, ("1" if frozen else "0") if self.layout.version == 2 else
                    ("FROZEN" if frozen else "THAWED"))
-        except FileNotFoundError:
-            pass  # the group is gone (removed, or never had a freezer file): nothing to freeze or thaw
 
     # -- limits and counters ---------------------------------------------------------------------------------
     def set_limits(self, memory_bytes: int | None, pids: int | None) -> None:

@@ -15,6 +15,7 @@ the channel is a HostConfig.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -213,15 +214,11 @@ class Host:
         for w in state.workers:
             w.close()  # a worker exits when its socket closes
         for w in state.workers:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(w.pid, 0)  # ours if we spawned it; a clone's adopted workers are the engine's
-            except ChildProcessError:
-                pass
         state.agents.kill_all()
-        try:
+        with contextlib.suppress(Exception):
             state.app.close()
-        except Exception:
-            pass
 
 
 def _descriptors(text: str) -> list[int]:

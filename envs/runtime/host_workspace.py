@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import socket
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -29,6 +29,7 @@ from .memory import processes_memory
 from .protocol import Close, Execute, Executed, Failed, Reply, Request, encoder, reply_decoder
 from .task_scope import TaskScope
 
+R = TypeVar("R", bound=Reply)  # a kind of reply ``expect`` checks for
 CLOSE_GRACE_S = 5.0  # how long a host may take to say goodbye before it is killed anyway
 
 
@@ -112,12 +113,14 @@ class HostWorkspace(Workspace):
             raise RequestRefused(self.id, reply.kind, reply.message)
         return reply
 
-    def expect(self, reply: Reply, kind: type[Reply]) -> None:
-        """A reply of the wrong kind means the host and the engine disagree about the protocol: the channel can no
-        longer be trusted, so the workspace is broken (never an ``assert``: it must hold with ``python -O``)."""
+    def expect(self, reply: Reply, kind: type[R]) -> R:
+        """``reply``, if it is a ``kind``. A reply of the wrong kind means the host and the engine disagree about the
+        protocol: the channel can no longer be trusted, so the workspace is broken (never an ``assert``: it must
+        hold with ``python -O``)."""
         if not isinstance(reply, kind):
             self.broken = f"protocol error: expected {kind.__name__}, the host answered {type(reply).__name__}"
             raise WorkspaceBroken(self.id, self.broken)
+        return reply
 
     async def _exchange(self, payload: bytes, fds: list[int] | None) -> bytes:
         await async_send_frame(self.sock, payload, fds)
@@ -166,12 +169,12 @@ class HostWorkspace(Workspace):
                       f"answer after {deadline:g}s; the host was stopped")
             self._stop(reason)
             raise CallDeadlineExceeded(self.id, reason, tool=call.name, deadline_s=deadline) from exc
-        self.expect(reply, Executed)
-        reason = await asyncio.to_thread(self._limit_breach)
-        if reason is not None:
-            self.broken = reason
-            raise WorkspaceBroken(self.id, reason)
-        return reply.observation  # type: ignore[union-attr]
+        executed = self.expect(reply, Executed)
+        breach = await asyncio.to_thread(self._limit_breach)
+        if breach is not None:
+            self.broken = breach
+            raise WorkspaceBroken(self.id, breach)
+        return executed.observation
 
     def _stop(self, reason: str) -> None:
         """Mark the workspace broken and kill its host: it is stuck in a call nobody waits for any more."""

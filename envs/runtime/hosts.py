@@ -13,6 +13,7 @@ Must never: leave a half-started host, cgroup, layer or mount point behind when 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -222,7 +223,5 @@ class Hosts:
         """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""
         if self.run.nursery.exited(pid):
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -98,13 +98,12 @@ class ImageFiles:
         try:
             await await_points.reached("image.take.request")
             reply = await source.request(Checkpoint(path=f"{DUMPS}/{host_file}", layer=f"{stem}.layer"))
-            source.expect(reply, Checkpointed)
+            done = source.expect(reply, Checkpointed)
         except BaseException as exc:
             await asyncio.shield(asyncio.to_thread(self.discard, stem))
             if isinstance(exc, RequestRefused):
                 raise ImageFailed(source.id, f"image {stem} failed: {exc.detail}") from exc
             raise
-        done: Checkpointed = reply  # type: ignore[assignment]
         files = (self.dumps / host_file, *(self.dumps / worker_path(host_file, i) for i in range(done.workers)))
         return WorkspaceImage(name=stem, source=source.id, files=files, workers=done.workers,
                               layer_upper=self.layers.path(f"{stem}.layer") / "upper",

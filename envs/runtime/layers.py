@@ -14,6 +14,7 @@ Must never: snapshot a layer whose workspace may be writing (the caller quiesces
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -91,10 +92,8 @@ class LayerStore:
     def destroy_pool(self) -> None:
         """Unmount (lazily, so late references cannot block us; the dumps' tmpfs goes with it) and delete the
         pool image."""
-        try:
+        with contextlib.suppress(OSError):
             syscalls.umount(str(self.root), syscalls.MNT_DETACH)
-        except OSError:
-            pass
         if self.image_file is not None:
             self.image_file.unlink(missing_ok=True)
 

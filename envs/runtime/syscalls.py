@@ -52,7 +52,9 @@ _SYS_PIVOT_ROOT = 155  # x86-64
 _SYS_OPEN_TREE = 428
 OPEN_TREE_CLONE = 1
 AT_RECURSIVE = 0x8000
-_libc.syscall.argtypes = None
+# None: the arguments are passed as they are, unchecked (the syscall number decides them); typeshed's stub of
+# argtypes admits only a sequence of ctypes types
+_libc.syscall.argtypes = None  # type: ignore[assignment]
 
 
 def _check(result: int, what: str) -> int:

@@ -58,7 +58,7 @@ class ShopApp(WorkspaceApp):
         images itself."""
         return state_image.dump({"port": self.port, "browser": self.browser, "latency": self.latency})
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         """A shop going on exactly where the dumped one was, in private memory: the server is spawned again with
         the source's arguments and restores from its own image (``ShopServer.restore``), then the browser is read
         back from this image (nothing stays backed by the image file, which is removed once it is not needed)."""

@@ -82,7 +82,7 @@ class ShopServer(WorkerApp):
                                  "images": self.images, "prices": self.prices, "ratings": self.ratings,
                                  "by_category": self.by_category})
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         """Instead of ``setup``: the catalog, index and images read back from the image into this process's
         private memory (nothing is recomputed, as a CRIU restore reads pages back), the port bound again and
         SQLite reopened on the restored workspace's copy of the database.

@@ -26,7 +26,7 @@ class ImagedWorker(WorkerApp):
     def checkpoint(self) -> list[bytes | memoryview]:
         return state_image.dump({"token": self.token, "heap": self.heap})
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         state = state_image.load(data)
         self.token, self.heap, self.set_up_here = state["token"], state["heap"], False
 
@@ -43,7 +43,7 @@ class ImagedApp(WorkspaceApp):
     def checkpoint(self) -> list[bytes | memoryview]:
         return state_image.dump({"count": self.count})
 
-    def restore(self, ctx: AppContext, data: bytes) -> None:
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
         dont_fork_into_workers(data)
         self.worker = ctx.spawn("tests.apps.imaged:ImagedWorker")
         self.count = state_image.load(data)["count"]

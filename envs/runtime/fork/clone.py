@@ -49,7 +49,7 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     if state.workers:
         pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
         try:
-            for w, end in zip(state.workers, worker_ends):
+            for w, end in zip(state.workers, worker_ends, strict=True):
                 w.adopt(pidfd, end, ws_id=spec.ws_id, seed=derive_seed(spec.seed, "worker", w.index),
                         cgroup_rel=spec.cgroup_rel, reaper_pid=state.config.reaper_pid, frozen=spec.frozen)
         finally:

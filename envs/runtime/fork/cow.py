@@ -50,12 +50,12 @@ class CowFork(AllOrNothingFork):
                 reply = await source.request(Fork(clone=spec), fds=[clone_end.fileno()])
             finally:
                 clone_end.close()
-            source.expect(reply, Forked)
+            forked = source.expect(reply, Forked)
             pid = await hosts.await_ready(clone_id, engine_end)
             cls = HostSnapshot if frozen else HostWorkspace
             clone = cls(hosts, clone_id, pid=pid, sock=engine_end, cgroup=group, layer=spec.layer, seed=spec.seed,
                         app=source.app_spec, parent=source.id, generation=source.generation + 1)
-            clone.last_fork = ForkTiming(freeze_s=reply.freeze_ns / 1e9,  # type: ignore[union-attr]
+            clone.last_fork = ForkTiming(freeze_s=forked.freeze_ns / 1e9,
                                          ready_s=time.monotonic() - started)
         except BaseException as exc:
             engine_end.close()

@@ -86,7 +86,8 @@ class PrivateRestore(AllOrNothingFork):
             self._dumps[source.id] = entry  # before any await: a concurrent fork of this state finds it
             if stale is not None:
                 await self._retire(stale[0])
-        dump, writing = entry  # type: ignore[misc]
+        assert entry is not None  # found, or made just now
+        dump, writing = entry
         dump.readers += 1  # before awaiting: nobody removes a dump someone waits for
         try:
             await asyncio.shield(writing)
@@ -106,14 +107,14 @@ class PrivateRestore(AllOrNothingFork):
         try:
             await await_points.reached("fork.restore.checkpoint")
             reply = await source.request(Checkpoint(path=dump.path, layer=dump.layer))
-            source.expect(reply, Checkpointed)
+            done = source.expect(reply, Checkpointed)
         except BaseException as exc:
             await asyncio.shield(asyncio.to_thread(self._remove, dump))
             if isinstance(exc, RequestRefused):
                 raise ForkFailed(source.id, f"dump of {source.id} failed: {exc.detail}") from exc
             raise
-        dump.workers, dump.bytes_written = reply.workers, reply.bytes_written  # type: ignore[union-attr]
-        dump.freeze_s = reply.freeze_ns / 1e9  # type: ignore[union-attr]
+        dump.workers, dump.bytes_written = done.workers, done.bytes_written
+        dump.freeze_s = done.freeze_ns / 1e9
         return dump
 
     async def forget(self, source: HostWorkspace) -> None:
