@@ -68,8 +68,10 @@ class RolloutEngine:
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
                  memory_detail_s: float | None = None, prefix: PrefixSettings | None = None,
-                 speculation: SpecSettings | None = None):
-        """``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
+                 speculation: SpecSettings | None = None, runtime: Any = None):
+        """``runtime``: the workspaces' runtime, made by the caller (``bunshin.envs.memory_workspace.MemoryRuntime``
+        runs an engine without root); its own settings then stand instead of ``backend``, ``limits`` and
+        ``state_dir`` (default: a ``WorkspaceRuntime`` made from those). ``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
         every call). ``speculation``: run predicted calls in forks while the policy reasons (``engine/speculation``;
         its model is kept in the prefix cache's directory unless ``speculation.model_dir`` says otherwise). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
         ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
@@ -89,7 +91,7 @@ class RolloutEngine:
                                                              command_timeout_s=call_timeout_s)}
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)
-        self.runtime = WorkspaceRuntime(**kwargs)
+        self.runtime = runtime if runtime is not None else WorkspaceRuntime(**kwargs)
         self.meter_interval_s, self.memory_detail_s = meter_interval_s, memory_detail_s
         self.tasks: dict[str, SuiteTask] = {}
         self._roots: dict[bytes, Workspace] = {}
@@ -114,7 +116,7 @@ class RolloutEngine:
         try:
             await self.policy.check()  # a model server that is not there or not set up fails the run here
             self.tasks = {t.id: t for t in await asyncio.to_thread(self.suite.tasks)}
-            self.meter = MemoryMeter(self.runtime.cgroup.memory_charge, self.meter_interval_s,
+            self.meter = MemoryMeter(self.runtime.memory_charge, self.meter_interval_s,
                                      detail=self.runtime.memory_detail if self.memory_detail_s else None,
                                      detail_interval_s=self.memory_detail_s or 1.0)
             self.meter.start()

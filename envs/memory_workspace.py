@@ -179,6 +179,7 @@ class MemoryRun:
     run_dir: Path
     live: dict[str, MemoryWorkspace] = field(default_factory=dict)
     counter: int = 0
+    closing: bool = False  # the runtime is closing: a fork that ends now leaves no clone
 
     def new_id(self) -> str:
         self.counter += 1
@@ -358,6 +359,9 @@ class MemoryWorkspace:
                 raise ForkFailed(self.id, f"fork to {clone_id} failed: {self.app_spec.target}'s state could not "
                                           f"be copied in memory: {type(exc).__name__}: {exc}") from exc
             freeze_s = time.monotonic() - copying
+        if self.run.closing:
+            await asyncio.to_thread(_discard_copy, (state, ctx, nbytes))
+            raise WorkspaceClosed(self.id, "the runtime closed while it forked")
         cls = MemorySnapshot if frozen else MemoryWorkspace
         clone = cls(self.run, clone_id, seed=clone_seed, app=self.app_spec, parent=self.id,
                     generation=self.generation + 1, state=state, ctx=ctx, nbytes=nbytes, written=False)
@@ -528,9 +532,11 @@ class MemoryRuntime:
         await run_to_end(self._teardown())
 
     async def _teardown(self) -> None:
+        self.run.closing = True
         try:
-            for ws in list(self.run.live.values()):
-                await ws.close()
+            while self.run.live:  # a fork that was under way when the close began registers no clone
+                for ws in list(self.run.live.values()):
+                    await ws.close()
         finally:
             await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
 

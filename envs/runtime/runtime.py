@@ -191,6 +191,10 @@ class WorkspaceRuntime:
             return MemoryStats()
         return processes_memory(self.cgroup.procs(), self.cgroup.memory_charge())
 
+    def memory_charge(self) -> int:
+        """The run's cgroup charge now (every workspace, shared pages counted once): cheap, one file read."""
+        return self.cgroup.memory_charge()
+
     def memory_detail(self) -> RunMemory:
         """The run's memory by both measures, its page tables, and the engine's and nursery's own (blocking: it
         reads every process of the run; call it in a thread)."""
