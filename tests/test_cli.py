@@ -21,7 +21,7 @@ def test_doctor_reports_checks_and_backends() -> None:
     assert {"root", "namespace mount", "overlayfs", "btrfs", "cgroups", "KSM", "docker daemon",
             "bunshin kernel module"} <= names
     assert report["backends"]["cow"]["available"] is True
-    from bunshin.envs.runtime.fork.backends import BACKENDS
+    from bunshin.envs.runtime.fork.registry import BACKENDS
 
     assert list(report["backends"]) == list(BACKENDS)  # the backends that exist, nothing "not built yet"
     assert "not built yet" not in proc.stdout
