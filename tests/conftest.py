@@ -5,7 +5,6 @@ test that starts one, a loop watchdog on every async test, every async test on b
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,32 +15,13 @@ import pytest_asyncio
 import uvloop
 
 from bunshin.envs import AppSpec, Limits, Workspace, WorkspaceRuntime
-from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.runtime import await_points
 from bunshin.envs.runtime.host_workspace import HostWorkspace
 from bunshin.envs.runtime.layers import DUMPS
 from bunshin.envs.runtime.protocol import Ping, Pong
-from bunshin.envs.webshop.suite import WebShopSuite
+from tests.quiet import settled  # absolute: tests/test_watchdog.py runs a copy of this file
 
 HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
-
-
-def _no_tool_latency_unless_asked(cls: type) -> None:
-    """In tests a suite built without ``time_scale`` models no tool latency (``envs/latency.py``; the library's
-    default is 1.0, real seconds): the suite's many tests of agent calls would otherwise wait minutes. A test that
-    passes ``time_scale`` gets it (tests/test_tool_latency.py); ``bunshin`` run as a subprocess is not patched, its
-    tests give ``--time-scale 0`` or ``--set time_scale=0``."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args: object, time_scale: float = 0.0, **kwargs: object) -> None:
-        init(self, *args, time_scale=time_scale, **kwargs)
-
-    cls.__init__ = __init__  # type: ignore[misc]
-
-
-for _suite in (WebShopSuite, DesktopSuite):
-    _no_tool_latency_unless_asked(_suite)
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -131,9 +111,7 @@ def zombie_children() -> list[int]:
 
 
 async def assert_no_leaks(rt: WorkspaceRuntime, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (left := leftovers(rt.run_id, rt.run_dir)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    left = await settled(lambda: leftovers(rt.run_id, rt.run_dir), timeout)  # exiting hosts, the kernel's cgroups
     assert not left, f"run {rt.run_id} left behind: {left}"
 
 

@@ -239,7 +239,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(500, "the test script has no more replies", "InternalServerError")
             return
         if reply.get("delay"):
-            time.sleep(float(reply["delay"]))
+            time.sleep(float(reply["delay"]))  # a slow server: what the test's timeouts are about
         if "status" in reply:
             self._error(int(reply["status"]), reply.get("message", f"scripted HTTP {reply['status']}"),
                         "InternalServerError" if int(reply["status"]) >= 500 else "BadRequestError")

@@ -208,7 +208,7 @@ async def test_hostile_web_actions_leave_the_shop_answering(runtime, tmp_path) -
     from bunshin.envs.webshop import tasks as generator
 
     generator.write(tmp_path, [t for t in generator.generate(2000, 0) if t["bunshin_template"] == "review_count"][:1])
-    suite = WebShopSuite(catalog_size=2000, tasks_dir=tmp_path)
+    suite = WebShopSuite(catalog_size=2000, tasks_dir=tmp_path, time_scale=0.0)
     [task] = suite.tasks()
     ws = await runtime.create(suite.app(task))
     first = await suite.start(ws, task)
@@ -225,7 +225,7 @@ async def test_hostile_web_actions_leave_the_shop_answering(runtime, tmp_path) -
 
 @pytest.mark.asyncio
 async def test_hostile_desktop_actions_leave_the_desktop_answering(runtime) -> None:
-    suite = DesktopSuite(cache_mb=8, index_roots=["/usr/lib/python3.11/json"], recording_frames=2)
+    suite = DesktopSuite(cache_mb=8, index_roots=["/usr/lib/python3.11/json"], recording_frames=2, time_scale=0.0)
     ws = await runtime.create(suite.app())
     for text in HOSTILE_DESKTOP:
         with pytest.raises(ActionError):

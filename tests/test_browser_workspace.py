@@ -77,7 +77,7 @@ async def hostile_goto_beside_another(runtime, ws, other, url: str) -> tuple[Obs
 
 
 async def a_shop_pair(runtime) -> tuple[WebShopSuite, object, object]:
-    suite = WebShopSuite(catalog_size=200)
+    suite = WebShopSuite(catalog_size=200, time_scale=0.0)
     ws, other = await runtime.create(suite.app()), await runtime.create(suite.app())
     for w in (ws, other):
         first = await w.execute(ToolCall(name="goto", args={"url": "http://127.0.0.1:7770/"}))

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import time
 from pathlib import Path
 
 import msgspec
@@ -28,6 +27,7 @@ from bunshin.envs.webshop.suite import WebShopSuite
 from bunshin.policies.scripted import ScriptedPolicy
 
 from .conftest import host_processes, leftovers
+from .quiet import settled, until
 
 pytestmark = pytest.mark.slow
 
@@ -87,17 +87,13 @@ async def one_host(task_dir: Path, state_dir: Path, seed: int, group_size: int) 
     return by_sample(results)
 
 
+AGENTS_S = 30.0  # how long the agents (Ray actors: other processes) get to report, or to close their runs
+
+
 def run_leftovers(run_id: str, run_dir: str) -> list[str]:
     """What is left of one run on this machine: mounts, cgroups, its directory and engine record (its processes
     are in its cgroups: a cgroup gone means they are)."""
     return [x for x in leftovers(run_id, Path(run_dir)) if not x.startswith(("host process", "unreaped"))]
-
-
-async def settled(check, timeout: float = 30.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while (left := check()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    return left
 
 
 @pytest.mark.asyncio
@@ -117,8 +113,8 @@ async def test_the_same_seeds_give_the_same_trajectories_on_one_host_and_on_the_
     rewards = [r.trajectory.reward for r in results]
     assert 0 < sum(rewards) < len(rewards)  # the scripted policy's deviations: not a trivially equal batch
     for info in infos:  # every agent closed its run (and stopped its guardian)
-        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir)) == []
-        assert await settled(lambda info=info: [p for p in (info.pid, info.guardian_pid) if _alive(p)]) == []
+        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir), AGENTS_S) == []
+        assert await settled(lambda info=info: [p for p in (info.pid, info.guardian_pid) if _alive(p)], AGENTS_S) == []
 
 
 @pytest.mark.asyncio
@@ -130,11 +126,15 @@ async def test_a_second_group_of_a_task_goes_to_the_node_holding_its_root(cluste
         first = await engine.run(engine.requests(ids[:1], group_size=2, seed=1))
         home = {r.node for r in first}
         assert len(home) == 1
-        await asyncio.sleep(3 * engine.status_interval_s)  # the charges (the root's memory) are reported
         key = app_key(msgspec.json.encode(engine.suite.app(engine.tasks[ids[0]])))
-        assert key in engine.statuses[next(iter(home))].roots
-        assert engine.statuses[next(iter(home))].charge > max(s.charge for n, s in engine.statuses.items()
-                                                             if n not in home)
+        (node,) = home
+
+        def reported() -> bool:  # the agents' status reports have the root and its charge (its memory)
+            home_status, others = engine.statuses.get(node), [s for n, s in engine.statuses.items() if n != node]
+            return home_status is not None and key in home_status.roots and all(
+                home_status.charge > s.charge for s in others)
+
+        assert await until(reported, AGENTS_S), engine.statuses
         second = await engine.run(engine.requests(ids[:1], group_size=2, seed=2))
         third = await engine.run(engine.requests(ids[1:2], group_size=2, seed=1))  # same application, other task
     assert {r.node for r in second} == home and {r.node for r in third} == home
@@ -178,9 +178,9 @@ async def test_a_node_killed_mid_epoch_loses_only_its_rollouts(cluster, victim, 
         assert killed_at is not None, "the victim delivered nothing before the batch ended"
         assert victim.node_id in engine.dead
         # nothing of the dead agent's run is left (its guardian removed it), while the others run on
-        assert await settled(lambda: run_leftovers(dead.run_id, dead.run_dir)) == []
+        assert await settled(lambda: run_leftovers(dead.run_id, dead.run_dir), AGENTS_S) == []
         assert not _alive(dead.pid)
-        assert await settled(lambda: [p for p in [dead.guardian_pid] if _alive(p)]) == []
+        assert await settled(lambda: [p for p in [dead.guardian_pid] if _alive(p)], AGENTS_S) == []
         survivors = [i for n, i in engine.infos.items() if n != victim.node_id]
     assert by_sample(results) == reference  # all of them, once each, the same as on one host
     retried = [r for r in results if r.retried]
@@ -190,7 +190,7 @@ async def test_a_node_killed_mid_epoch_loses_only_its_rollouts(cluster, victim, 
     # what the victim delivered (before the kill, or finished while it was being killed) is kept, not run again
     assert all(not r.retried for r in results if r.node == victim.node_id)
     for info in survivors:
-        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir)) == []
+        assert await settled(lambda info=info: run_leftovers(info.run_id, info.run_dir), AGENTS_S) == []
 
 
 @pytest.mark.asyncio
@@ -210,7 +210,7 @@ async def test_with_no_node_left_the_rest_end_as_node_lost(cluster, victim, task
     assert lost and all(r.trajectory.error and r.trajectory.attempts <= 1 for r in lost)
     assert all(r.trajectory.status in (Status.OK, Status.NODE_LOST) for r in results)
     assert results[0].trajectory.status == Status.OK
-    assert await settled(lambda: run_leftovers(dead.run_id, dead.run_dir)) == []
+    assert await settled(lambda: run_leftovers(dead.run_id, dead.run_dir), AGENTS_S) == []
 
 
 def test_no_raylet_of_this_session_but_the_clusters(cluster) -> None:

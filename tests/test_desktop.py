@@ -16,7 +16,7 @@ from bunshin.envs.desktop import tasks as gen
 from bunshin.envs.desktop.suite import DesktopSuite
 from bunshin.envs.suites.base import SuiteTask
 
-SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"], "recording_frames": 2}
+SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"], "recording_frames": 2, "time_scale": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ async def test_the_first_observation_has_terminal_windows_and_a_1920x1080_screen
 
 @pytest.mark.asyncio
 async def test_the_session_cache_is_shared_by_forks_and_steps_grow_private_memory(runtime) -> None:
-    suite = DesktopSuite(cache_mb=96, index_roots=["/usr/lib/python3.11"], recording_frames=4)
+    suite = DesktopSuite(cache_mb=96, index_roots=["/usr/lib/python3.11"], recording_frames=4, time_scale=0.0)
     ws = await runtime.create(suite.app())
     after_setup = ws.memory()
     assert after_setup.rss > 96 << 20 and after_setup.anon_huge > 64 << 20  # the cache is resident, in huge pages

@@ -56,7 +56,7 @@ def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def shop(task_dir: Path) -> WebShopSuite:
-    return WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir)
+    return WebShopSuite(catalog_size=CATALOG, tasks_dir=task_dir, time_scale=0.0)
 
 
 def comparable(t: Trajectory) -> dict:
@@ -117,7 +117,7 @@ class Saboteur(Policy):
             victim = next(ws for ws in engine.runtime.workspaces.values() if ws.seed == ctx.seed)
             os.kill(victim.pid, signal.SIGKILL)  # the workspace dies mid-step, under the engine's feet
         if ctx.task_id == TASKS[0] and ctx.sample == 2:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # a policy thinking past decide_timeout_s: the decision times out
         if ctx.task_id == TASKS[1] and ctx.sample == 0:
             return Decision(action="please click the cheapest one")
         return await self.inner.decide(ctx)
@@ -335,8 +335,9 @@ async def test_a_model_server_policy_keeps_token_ids_and_logprobs_in_the_traject
     assert second.status == Status.MALFORMED_ACTION and "definitely" in (second.error or "")
 
 
-SILENT_SERVER = ("nohup python3 -c \"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 9009)); "
-                 "s.listen(); time.sleep(600)\" > /dev/null 2>&1 & sleep 0.3")
+# it forks once it listens and its parent exits: the command returns with the port open
+SILENT_SERVER = ("nohup python3 -c \"import os, socket, time; s = socket.socket(); s.bind(('127.0.0.1', 9009)); "
+                 "s.listen(); os.fork() and os._exit(0); time.sleep(600)\" > /dev/null 2>&1")
 
 
 class Stalling(Policy):
@@ -353,7 +354,7 @@ class Stalling(Policy):
             ws = next(ws for ws in engine.runtime.workspaces.values() if ws.seed == ctx.seed)
             await ws.execute(ToolCall(name="shell", args={"cmd": SILENT_SERVER}))
             return Decision(action="goto [http://127.0.0.1:9009/]")
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # slow thinking: steps add up past rollout_timeout_s
         return Decision(action="scroll [down]")
 
 

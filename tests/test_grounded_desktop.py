@@ -24,7 +24,8 @@ from bunshin.policies.grounded import desktop_repair as rp
 
 from .conftest import assert_no_leaks
 
-SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"], "recording_frames": 2, "screenshots": False}
+SMALL = {"cache_mb": 8, "index_roots": ["/usr/lib/python3.11/json"], "recording_frames": 2, "screenshots": False,
+         "time_scale": 0.0}
 TARGET = 0.6  # the bar: at least 60% of each suite's feasible tasks
 
 

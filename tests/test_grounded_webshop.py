@@ -134,7 +134,7 @@ def test_a_product_the_search_does_not_find_is_given_up() -> None:
 
 def fast_shop() -> WebShopSuite:
     """The committed tasks on the default catalog; no screenshots or images (the reader reads text only)."""
-    return WebShopSuite(screenshots=False, keep_rasters=False, load_images=False)
+    return WebShopSuite(screenshots=False, keep_rasters=False, load_images=False, time_scale=0.0)
 
 
 class Blind(GroundedPolicy):

@@ -9,7 +9,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from bunshin.policies.base import Decision, Policy, PolicyContext
 from bunshin.policies.grounded import GroundedPolicy
 
 from .conftest import assert_no_leaks, host_processes, leftovers
-from .quiet import all_tasks_blocked
+from .quiet import all_tasks_blocked, settled, until
 
 TASKS, GROUP = 4, 4
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])  # real engines: once is enough
@@ -38,6 +37,10 @@ pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])  # real engines: onc
 
 def shop() -> WebShopSuite:
     return WebShopSuite(screenshots=False, keep_rasters=False, load_images=False, time_scale=0.0)
+
+
+def desktop() -> DesktopSuite:
+    return DesktopSuite(time_scale=0.0)
 
 
 def grounded() -> GroundedPolicy:
@@ -87,7 +90,7 @@ NON_DETERMINISTIC_TEMPLATES = {"webshop": frozenset(), "desktop": frozenset({"pr
 async def test_trajectories_identical_with_and_without_the_cache_every_epoch(state_dir: Path,
                                                                              suite_name: str) -> None:
     """One task of every template, groups of 3 (the grounded policy's detours part them), three epochs."""
-    make = shop if suite_name == "webshop" else DesktopSuite
+    make = shop if suite_name == "webshop" else desktop
     seeds = [0, 1, 2]
     async with RolloutEngine(make(), grounded(), concurrency=8, state_dir=state_dir) as engine:
         ids = one_per_template(engine, NON_DETERMINISTIC_TEMPLATES[suite_name])
@@ -206,10 +209,7 @@ async def line(proc: asyncio.subprocess.Process) -> str:
 
 async def wait_gone() -> None:
     """Hosts die with their engine (parent-death signal)."""
-    deadline = time.monotonic() + 10
-    while host_processes() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert host_processes() == []
+    assert await settled(host_processes) == []
 
 
 async def test_an_engine_killed_mid_epoch_resumes_from_its_cache_dir(state_dir: Path, tmp_path: Path,
@@ -222,10 +222,8 @@ async def test_an_engine_killed_mid_epoch_resumes_from_its_cache_dir(state_dir: 
             pass
         for _ in range(3):  # epoch 1 under way
             assert (await line(proc)).startswith("result 1 ")
-        deadline = time.monotonic() + 60  # the tree file is saved once checkpoints have landed
-        while not (cache_dir / TREE_FILE).exists() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert (cache_dir / TREE_FILE).exists()
+        # the victim saves the tree file once checkpoints have landed
+        assert await until((cache_dir / TREE_FILE).exists, 60)
     finally:
         proc.kill()
         await proc.wait()
@@ -264,7 +262,7 @@ class ClockReader(Policy):
 
 
 async def test_a_call_that_answers_differently_is_never_served(state_dir: Path) -> None:
-    async with RolloutEngine(DesktopSuite(), ClockReader(), concurrency=4, state_dir=state_dir,
+    async with RolloutEngine(desktop(), ClockReader(), concurrency=4, state_dir=state_dir,
                              prefix=PrefixSettings()) as engine:
         first, second = await epochs(engine, [0, 1], tasks=1, group=3)
         stats = engine.prefix_statistics()
@@ -281,7 +279,7 @@ async def test_a_call_that_answers_differently_is_never_served(state_dir: Path) 
 async def test_a_replay_that_answers_differently_marks_the_node_and_fails_only_that_rollout(state_dir: Path) -> None:
     """A node whose recorded answer the workspace no longer gives (a tool that changed behind the cache's back):
     the replay that rebuilds it notices, the node stops serving, ``NonDeterministicTool`` names the call."""
-    async with RolloutEngine(DesktopSuite(), ClockReader(), concurrency=2, state_dir=state_dir,
+    async with RolloutEngine(desktop(), ClockReader(), concurrency=2, state_dir=state_dir,
                              prefix=PrefixSettings()) as engine:
         cache = engine.prefix_cache
         assert cache is not None
@@ -336,7 +334,7 @@ async def test_closing_the_cache_finishes_its_deletions_saves_the_tree_and_leave
 async def test_closing_a_walk_in_the_middle_of_its_catch_up_stops_it_and_leaves_nothing(state_dir: Path) -> None:
     """A hit on a node without a snapshot starts a catch-up in the background (fork the root, replay the call);
     closing the walk while it is under way cancels it, releases the pins, and leaks no workspace."""
-    async with RolloutEngine(DesktopSuite(), ClockReader(), concurrency=2, state_dir=state_dir,
+    async with RolloutEngine(desktop(), ClockReader(), concurrency=2, state_dir=state_dir,
                              prefix=PrefixSettings()) as engine:
         cache = engine.prefix_cache
         assert cache is not None

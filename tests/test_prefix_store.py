@@ -387,7 +387,7 @@ async def test_a_child_waits_for_its_parent_and_the_loop_stays_free(tmp_path: Pa
         nonlocal worst
         while not stop:
             before = time.monotonic()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # a heartbeat: how late the loop wakes it
             worst = max(worst, time.monotonic() - before - 0.01)
 
     outcomes: list[object] = []

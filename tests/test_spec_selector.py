@@ -20,7 +20,7 @@ from bunshin.engine.records import Step, StepObservation, ToolCall, Trajectory, 
 from bunshin.engine.speculation import selector as selector_module
 from bunshin.engine.speculation.features import FEATURE_GROUPS, Situation, examples_of, featurize, label_of
 from bunshin.engine.speculation.selector import FILE_NAME, SpecToolSelector, TrainFileError
-from tests.quiet import all_tasks_blocked
+from tests.quiet import all_tasks_blocked, until
 
 CLICK = ToolCall(name="click", args={"element_id": 12})
 SCROLL = ToolCall(name="scroll", args={"direction": "down"})
@@ -265,11 +265,11 @@ async def test_the_loop_keeps_ticking_while_it_retrains() -> None:
             nonlocal worst, ticks
             while not stop:
                 before = time.monotonic()
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.005)  # the ticker measures how late the loop wakes it
                 worst, ticks = max(worst, time.monotonic() - before - 0.005), ticks + 1
 
         ticker = asyncio.create_task(tick())
-        await asyncio.sleep(1.0)  # what the machine's load alone makes the loop late by
+        await asyncio.sleep(1.0)  # a measuring window: how late the machine's load alone makes the loop
         idle, worst = worst, 0.0
         started = time.monotonic()
         await sel.retrain_now()
@@ -302,9 +302,7 @@ async def test_no_worker_left_after_close_or_cancellation() -> None:
     for s, label in examples:
         sel.learn(s, label)
     waiter = asyncio.create_task(sel.retrain_now())
-    async with asyncio.timeout(60):
-        while not own_children() - before:  # processes have no event to wait for: the retrain's workers started
-            await asyncio.sleep(0.05)
+    assert await until(lambda: own_children() - before, 60)  # the retrain's worker processes started
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter

@@ -104,7 +104,8 @@ def test_a_bad_time_scale_is_a_value_error_naming_the_knob(bad: object) -> None:
 def test_the_knob_is_part_of_the_workspace_configuration() -> None:
     assert WebShopSuite(catalog_size=200, time_scale=0.5).app().kwargs["time_scale"] == 0.5
     assert DesktopSuite(time_scale=2, **DESK).app().kwargs["time_scale"] == 2.0
-    assert DesktopSuite(**DESK).app().kwargs["time_scale"] == 0.0  # tests default to none (tests/conftest.py)
+    assert DesktopSuite(**DESK).app().kwargs["time_scale"] == 1.0  # by default: real seconds
+    assert WebShopSuite(catalog_size=200).app().kwargs["time_scale"] == 1.0
 
 
 # -- in workspaces ----------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ async def forked_mid_checkout(make_runtime, backend: str, tasks_dir: Path):
     """(suite, task, other checkout task, source mid-checkout, its clone, the source's observation before the fork)
     on a runtime of ``backend``."""
     rt: WorkspaceRuntime = await make_runtime(backend=backend)
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir, time_scale=0.0)
     task, other = checkout_tasks(suite)
     source = await mid_checkout(rt, suite, task)
     before = await source.execute(OBSERVE)
@@ -121,7 +121,7 @@ async def test_a_live_fork_of_the_same_shop_shares_most_of_it(make_runtime, task
 async def test_restore_and_live_fork_draw_the_same_session_ids(make_runtime, tasks_dir) -> None:
     """A clone's random state comes from its own seed on both backends (not from its source's stream): the
     restored server issues the same new session id as a live fork's, for the same clone seed."""
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir, time_scale=0.0)
     task, _ = checkout_tasks(suite)
     drawn = {}
     for backend in ("cow", "restore"):
@@ -144,7 +144,7 @@ async def test_restore_and_live_fork_draw_the_same_session_ids(make_runtime, tas
 async def test_a_restored_shop_restores_again(make_runtime, tasks_dir) -> None:
     """A restored clone is itself a shop with a worker that checkpoints: fork it again, from a snapshot too."""
     rt: WorkspaceRuntime = await make_runtime(backend="restore")
-    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir)
+    suite = WebShopSuite(catalog_size=CATALOG, tasks_dir=tasks_dir, time_scale=0.0)
     task, _ = checkout_tasks(suite)
     ws = await rt.create(suite.app())
     await suite.start(ws, task)

@@ -43,7 +43,7 @@ def one_per_template(tmp_path_factory: pytest.TempPathFactory, all_tasks: Path) 
 
 
 def small_suite(directory: Path) -> WebShopSuite:
-    return WebShopSuite(catalog_size=CATALOG, tasks_dir=directory)
+    return WebShopSuite(catalog_size=CATALOG, tasks_dir=directory, time_scale=0.0)
 
 
 def by_template(suite: WebShopSuite, template: str, index: int = 0):
@@ -237,7 +237,7 @@ def plans(tasks: list[SuiteTask], steps: int, template: str) -> tuple[SuiteTask,
 
 @pytest.mark.asyncio
 async def test_a_forked_shop_shares_at_least_half_its_memory_after_ten_actions(runtime) -> None:
-    suite = WebShopSuite()  # the default workload: what the memory benchmarks run
+    suite = WebShopSuite(time_scale=0.0)  # the default workload (what the memory benchmarks run), no modelled latency
     start, plan_a, plan_b = plans(suite.tasks(), 10, "add_to_cart")
     base = await runtime.create(suite.app(start))
     await suite.start(base, start)
