@@ -170,7 +170,7 @@ class EngineMachine(RuleBasedStateMachine):
             kwargs.update(state_dir=self.state_dir, limits=LIMITS)
         self.engine = RolloutEngine(self.suite, CounterPolicy(steps=steps, part=part, think_s=think_s),
                                     concurrency=concurrency, call_timeout_s=30, meter_interval_s=0.05, **kwargs)
-        self.runner.run(self.engine.__aenter__())
+        self.runner.run(bounded(self.engine.__aenter__(), "the engine's start"))
 
     @rule(tasks=st.lists(st.sampled_from(sorted(TASKS)), min_size=1, max_size=3, unique=True),
           group=st.integers(1, 3), seed=st.integers(0, 3))
@@ -179,7 +179,7 @@ class EngineMachine(RuleBasedStateMachine):
         requests = self.engine.requests(tasks, group_size=group, seed=seed)
         results = self.runner.run(bounded(self.engine.run(requests), "a run"))
         assert len(results) == len(tasks) * group
-        self.runner.run(self.check(results))
+        self.runner.run(bounded(self.check(results), "the checks"))
 
     @rule(tasks=st.lists(st.sampled_from(sorted(TASKS)), min_size=1, max_size=2, unique=True),
           group=st.integers(1, 3), seed=st.integers(0, 3), point=st.sampled_from(CANCEL_POINTS),
@@ -197,7 +197,7 @@ class EngineMachine(RuleBasedStateMachine):
                     return None
 
         results = self.runner.run(bounded(cancelled(), "a cancelled run"))
-        self.runner.run(self.check(results or []))
+        self.runner.run(bounded(self.check(results or []), "the checks"))
 
     async def check(self, results: list[RolloutResult]) -> None:
         assert self.engine is not None
@@ -238,7 +238,7 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             if self.engine is not None:
                 runtime = self.engine.runtime
-                self.runner.run(self.engine.__aexit__(None, None, None))
+                self.runner.run(bounded(self.engine.__aexit__(None, None, None), "the engine's close"))
                 if self.kind == "memory":
                     assert runtime.workspaces == {} and not runtime.run_dir.exists()  # every workspace closed
                 else:
