@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from bunshin.engine.prefix.settings import PrefixSettings
-from bunshin.engine.records import RolloutResult, Status, StepObservation, Trajectory
+from bunshin.engine.records import RolloutResult, Status, StepObservation, Trajectory, write_jsonl
 from bunshin.engine.rollout import RolloutEngine
 from bunshin.engine.speculation.settings import SpecSettings
 from bunshin.envs import AppSpec, Limits, ToolCall, derive_seed
@@ -287,18 +287,25 @@ async def test_the_cache_serves_and_speculation_adopts_with_trajectories_unchang
 
     async with engine() as plain:
         expected = await epochs(plain)
-    async with engine(prefix=PrefixSettings(min_issuers=1),
-                      speculation=SpecSettings(threshold=0.0, memory_headroom=None)) as full:
-        got = await epochs(full)
-        spec = full.speculation_statistics()
-        prefix = full.prefix_statistics()
-    for mine, theirs in zip(got, expected, strict=True):
-        for a, b in zip(mine, theirs, strict=True):
-            assert [(s.call, s.observation) for s in a.steps] == [(s.call, s.observation) for s in b.steps]
-            assert (a.reward, a.status, a.first_observation) == (b.reward, b.status, b.first_observation)
-    sources = [s.source for epoch in got for t in epoch for s in t.steps]
-    assert spec is not None and spec["adopted"] > 0 and "speculated" in sources, spec
-    assert prefix is not None and prefix["hits"] > 0 and "cached" in sources, prefix
+    train = tmp_path / "train.jsonl"  # the selector starts from the plain run's trajectories: it predicts at once
+    write_jsonl(train, [t for epoch in expected for t in epoch])
+    spec_settings = SpecSettings(threshold=0.0, memory_headroom=None, train_file=train)
+    runs: dict[str, list[list[Trajectory]]] = {}
+    figures: dict[str, dict[str, Any] | None] = {}
+    for mode, kwargs in {"prefix": {"prefix": PrefixSettings(min_issuers=1)}, "spec": {"speculation": spec_settings},
+                         "full": {"prefix": PrefixSettings(min_issuers=1), "speculation": spec_settings}}.items():
+        async with engine(**kwargs) as e:
+            runs[mode] = await epochs(e)
+            figures[mode] = e.prefix_statistics() if mode == "prefix" else e.speculation_statistics()
+    for mode, got in runs.items():
+        for mine, theirs in zip(got, expected, strict=True):
+            for a, b in zip(mine, theirs, strict=True):
+                assert [(s.call, s.observation) for s in a.steps] == [(s.call, s.observation) for s in b.steps], mode
+                assert (a.reward, a.status, a.first_observation) == (b.reward, b.status, b.first_observation), mode
+    sources = {mode: [s.source for epoch in got for t in epoch for s in t.steps] for mode, got in runs.items()}
+    spec, prefix = figures["spec"], figures["prefix"]
+    assert spec is not None and spec["adopted"] > 0 and "speculated" in sources["spec"], spec
+    assert prefix is not None and prefix["hits"] > 0 and "cached" in sources["prefix"], prefix
 
 
 def test_the_memory_half_runs_as_an_unprivileged_user() -> None:
