@@ -71,7 +71,6 @@ from .errors import (
     CallDeadlineExceeded,
     EnvsError,
     ForkFailed,
-    RequestRefused,
     WorkspaceBroken,
     WorkspaceClosed,
     WorkspaceStartFailed,
@@ -82,7 +81,7 @@ from .runtime.memory import RunMemory
 from .runtime.task_scope import run_to_end
 from .runtime.workers import load
 from .seeds import derive_seed
-from .workspace import ForkTiming, deadline_s
+from .workspace import ForkTiming, Snapshot, Workspace, WorkspaceImage, deadline_s
 
 CLOSE_GRACE_S = 5.0  # how long a close waits for a call still running (as a host is given to say goodbye)
 
@@ -199,21 +198,12 @@ class _Broke(Exception):
         self.reason = reason
 
 
-class MemoryWorkspace:
+class MemoryWorkspace(Workspace):
     """A workspace whose application lives in this process. Make one with ``MemoryRuntime.create``."""
-
-    frozen = False
 
     def __init__(self, run: MemoryRun, ws_id: str, *, seed: int, app: AppSpec, parent: str | None,
                  generation: int, state: WorkspaceApp, ctx: MemoryAppContext, nbytes: int, written: bool):
-        # The contract's identity (``Workspace.__init__`` of envs/workspace.py once the contract is abstract).
-        self.id = ws_id
-        self.seed = seed
-        self.app_spec = app
-        self.parent = parent
-        self.generation = generation
-        self.broken: str | None = None
-        self.last_fork: ForkTiming | None = None
+        super().__init__(ws_id, seed=seed, app=app, parent=parent, generation=generation)
         self.forks = 0  # clones made so far: feeds the clones' seeds
         self.calls = 0
         self.run = run
@@ -400,7 +390,7 @@ class MemoryWorkspace:
         return state, clone_ctx, state_bytes(state)
 
     # -- what only a real workspace has -------------------------------------------------------------------------
-    async def image(self, name: str) -> Any:
+    async def image(self, name: str) -> WorkspaceImage:
         raise self.ctx.refuse(f"image({name!r})", "a durable image is a run pool's state images and file layer")
 
     async def checkpoint(self, path: str) -> int:
@@ -451,13 +441,9 @@ class MemoryWorkspace:
             await asyncio.to_thread(_release, app, self.ctx)
 
 
-class MemorySnapshot(MemoryWorkspace):
-    """A frozen fork: it runs no tools (refused as a real snapshot refuses them); ``fork()`` makes running clones."""
-
-    frozen = True
-
-    async def execute(self, call: ToolCall, timeout_s: float | None = None) -> Observation:
-        raise RequestRefused(self.id, "bad_request", "a snapshot runs no tools; fork it first")
+class MemorySnapshot(Snapshot, MemoryWorkspace):
+    """A frozen fork: it runs no tools (``Snapshot.execute`` refuses them, as for a real snapshot); ``fork()`` makes
+    running clones."""
 
 
 def _moved(f: ReopenableFile, source_dir: str, clone_dir: str) -> ReopenableFile:

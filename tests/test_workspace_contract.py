@@ -33,7 +33,7 @@ from bunshin.envs import (
 from bunshin.envs.app import AppContext, Tool, WorkspaceApp
 from bunshin.envs.memory_workspace import Latency, MemoryRuntime, NeedsRealWorkspace
 from bunshin.envs.records import Observation
-from bunshin.envs.workspace import deadline_s
+from bunshin.envs.workspace import Snapshot, Workspace, deadline_s
 
 from .conftest import assert_no_leaks
 from .quiet import all_tasks_blocked
@@ -86,6 +86,7 @@ async def test_a_call_runs_the_apps_tool_and_a_failing_tool_is_an_observation(rt
     assert await value(ws) == 3 and ws.broken is None
     assert (ws.seed, ws.parent, ws.generation, ws.frozen, ws.closed) == (7, None, 0, False, False)
     assert rt.workspaces[ws.id] is ws
+    assert isinstance(ws, Workspace) and not isinstance(ws, Snapshot)  # an implementation of the one contract
 
 
 async def test_a_call_asks_for_a_positive_finite_timeout(rt: Any) -> None:
@@ -136,6 +137,7 @@ async def test_a_snapshot_refuses_tools_and_forks_into_running_clones(rt: Any) -
     await source.execute(call("add", n=5))
     snap = await source.snapshot()
     assert snap.frozen and snap.parent == source.id and snap.seed == derive_seed(3, "fork", 1)
+    assert isinstance(snap, Snapshot)
     with pytest.raises(RequestRefused) as refused:
         await snap.execute(call("get"))
     assert refused.value.kind == "bad_request" and refused.value.ws_id == snap.id
