@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,67 @@ async def test_fork_cancelled_twice_still_leaves_nothing(runtime) -> None:
         await task
     consistent(runtime)
     assert list(runtime.workspaces) == [source.id]
+
+
+async def test_a_cancelled_spawn_leaves_no_process_and_the_next_spawn_its_own_reply(runtime) -> None:
+    """A spawn whose caller is cancelled while the nursery is at work: the process it spawned is killed and reaped
+    before the cancellation reaches the caller. Left alone it lived on after the caller had undone everything else
+    (a restore or create cancelled at ``hosts.start.spawn``: a child between fork and exec, a host waiting for its
+    configuration; here a program that never exits on its own)."""
+    from .conftest import live_processes
+    from .quiet import all_tasks_blocked
+
+    nursery, marker = runtime.nursery, f"bunshin-cancelled-spawn-{os.getpid()}"
+
+    def spawn(tag: str):
+        return nursery.spawn([sys.executable, "-c", "import time; time.sleep(600)", marker, tag], fds=[],
+                             log_path=str(runtime.run_dir / "spawned.log"), cwd=str(runtime.run_dir))
+
+    def spawned(tag: str) -> list[int]:
+        return [pid for pid, cmd, _ in live_processes() if marker.encode() in cmd and tag.encode() in cmd]
+
+    task = asyncio.ensure_future(spawn("first"))
+    try:
+        await all_tasks_blocked()  # the exchange is under way: the request sent, or about to be
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert spawned("first") == []
+        pid = await spawn("second")  # spawns are one at a time: the first exchange is over
+        assert spawned("second") == [pid] and spawned("first") == []
+    finally:
+        for left in spawned(""):
+            os.kill(left, 9)
+            await nursery.wait_exit(left, timeout=10.0)
+            nursery.forget(left)
+
+
+async def test_a_spawn_waiting_on_a_nursery_that_dies_ends_cancelled_or_not(make_runtime) -> None:
+    """A cancelled spawn waits for the nursery's reply (it runs to its end); a nursery that dies before it replies
+    ends the wait of every spawn, cancelled or not, instead of leaving them waiting forever."""
+    from bunshin.envs.runtime.nursery import NurseryError
+
+    from .quiet import all_tasks_blocked
+
+    rt: WorkspaceRuntime = await make_runtime()
+    nursery = rt.nursery
+
+    def spawn():
+        return nursery.spawn([sys.executable, "-c", "pass"], fds=[], log_path=str(rt.run_dir / "spawned.log"),
+                             cwd=str(rt.run_dir))
+
+    os.kill(nursery.pid, signal.SIGSTOP)  # it takes the request and cannot answer
+    try:
+        cancelled = asyncio.ensure_future(spawn())
+        await all_tasks_blocked()
+        cancelled.cancel()
+        waiting = asyncio.ensure_future(spawn())  # queued behind the first
+        await all_tasks_blocked()
+        assert not cancelled.done()
+    finally:
+        os.kill(nursery.pid, signal.SIGKILL)
+    done, _ = await asyncio.wait([cancelled, waiting], timeout=30)  # awaiting them would pass on a timeout's cancel
+    assert done == {cancelled, waiting}
+    assert cancelled.cancelled()
+    with pytest.raises(NurseryError, match="channel"):
+        waiting.result()

@@ -4,7 +4,8 @@ Owns: being the run's child subreaper (a clone is orphaned by the fork's double 
 every worker's clone), spawning hosts with the descriptors the engine passes it, reaping whatever exits and
 telling the engine each exit's wait status. Why a process of its own: a subreaper adopts every orphan below it,
 and the engine often lives inside a trainer whose own grandchildren must not be adopted by us (nor we by them).
-Must never: outlive the engine (parent-death signal), or let a child of ours stay a zombie.
+Must never: outlive the engine (parent-death signal), let a child of ours stay a zombie, or leave a process
+running that it spawned for a caller who was cancelled meanwhile.
 
 Engine side: ``Nursery`` (asyncio). Process side: ``python -m bunshin.envs.runtime.nursery --control FD``.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import selectors
 import signal
@@ -25,7 +27,9 @@ from . import syscalls
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
 from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
-from .task_scope import TaskScope
+from .task_scope import TaskScope, run_to_end
+
+UNSPAWN_TIMEOUT_S = 10.0  # a process killed before it did anything exits at once, unless the machine is swamped
 
 # -- the nursery process ------------------------------------------------------------------------------------------
 
@@ -133,6 +137,7 @@ class Nursery:
         self._exits: dict[int, int] = {}
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._lock = asyncio.Lock()
+        self._read_ended = False  # the reader has stopped: no reply will come
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -168,9 +173,15 @@ class Nursery:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(message.status)
                 else:
+                    if isinstance(message, NurserySpawned):
+                        self._exits.pop(message.pid, None)  # an exit kept for an earlier process of that pid
                     await self._replies.put(message)
         except ChannelClosed:
             pass
+        finally:  # no reply comes any more: the spawn waiting for one (cancelled or not) must not wait forever
+            self._read_ended = True
+            with contextlib.suppress(asyncio.QueueFull):
+                self._replies.put_nowait(NurseryFailed(message="the nursery's channel closed before it replied"))
 
     def _control(self) -> socket.socket:
         if self._sock is None:
@@ -181,26 +192,35 @@ class Nursery:
                     cgroup_rel: str | None = None, cgroup_fds: list[int] | None = None) -> int:
         """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery, in cgroup
         ``cgroup_rel`` below the hierarchies ``cgroup_fds`` (indexes into ``fds``) from its first instruction. A cancelled
-        caller does not leave a reply in the queue for the next one: the exchange completes regardless (a host
-        spawned for nobody finds its channel closed and exits)."""
+        caller leaves nothing behind: the exchange runs to its end (a reply left in the queue would be the next
+        caller's), and a process it spawned is killed and reaped before the cancellation is re-raised (left to
+        itself it would live on after the caller removed its cgroup: as a child between fork and exec, or as a
+        host waiting for its configuration)."""
         if self._sock is None:
             raise NurseryError("the nursery is not running")
-        owned = [os.dup(fd) for fd in fds]  # the exchange may outlive the caller and its descriptors
-        reply = await asyncio.shield(self._spawn_exchange(
+        reply = await run_to_end(self._spawn_exchange(
             encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd, cgroup_rel=cgroup_rel,
-                                        cgroup_fds=cgroup_fds or [])), owned))
+                                        cgroup_fds=cgroup_fds or [])), fds), undo=self._unspawn)
         if isinstance(reply, NurseryFailed):
             raise NurseryError(reply.message)
         return reply.pid
 
+    async def _unspawn(self, reply: NurserySpawned | NurseryFailed) -> None:
+        """Undo a spawn whose caller was cancelled meanwhile: SIGKILL the process and wait until it is reaped."""
+        if isinstance(reply, NurseryFailed):
+            return  # nothing runs: the nursery's Popen waited for the child that failed before its exec
+        if not self.exited(reply.pid):  # not yet reaped, so the pid is still that process's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(reply.pid, signal.SIGKILL)
+        await self.wait_exit(reply.pid, timeout=UNSPAWN_TIMEOUT_S)
+        self.forget(reply.pid)
+
     async def _spawn_exchange(self, payload: bytes, fds: list[int]) -> NurserySpawned | NurseryFailed:
-        try:
-            async with self._lock:
-                await async_send_frame(self._control(), payload, fds)
-                return await self._replies.get()
-        finally:
-            for fd in fds:
-                os.close(fd)
+        async with self._lock:
+            if self._read_ended:
+                raise NurseryError("the nursery's channel is closed")
+            await async_send_frame(self._control(), payload, fds)
+            return await self._replies.get()
 
     def exited(self, pid: int) -> bool:
         return pid in self._exits
