@@ -220,7 +220,7 @@ class EngineMachine(RuleBasedStateMachine):
                  if ws.id in live - kept]
         assert live == kept, (extra, kept)
         if engine.speculator is not None:
-            assert engine.speculator.branches == {}
+            assert engine.speculator.shared.branches == {}
 
     async def replay(self, t: Trajectory) -> None:
         """The trajectory's calls on a fresh workspace answer what the trajectory recorded."""
@@ -343,3 +343,44 @@ def test_the_memory_half_runs_as_an_unprivileged_user() -> None:
     summary = done.stdout.strip().splitlines()[-1]
     assert re.search(r"\d+ passed", summary) and "failed" not in summary and "error" not in summary, tail
     assert "skipped" not in summary, tail  # nothing of the memory half needed root
+
+
+@pytest.mark.asyncio
+async def test_a_snapshot_whose_keeping_is_cancelled_while_it_is_measured_is_closed(tmp_path: Path) -> None:
+    """``PrefixCache._keep_as_hot`` cancelled while it measures a snapshot's memory (a walk's catch-up rebuilding a
+    node, cancelled by the walk's close) closes the snapshot instead of leaving it open and nobody's."""
+    import threading
+
+    from bunshin.engine.prefix.cache import PrefixCache
+
+    measuring, release = threading.Event(), threading.Event()
+
+    async with MemoryRuntime(state_dir=tmp_path, limits=LIMITS) as runtime:
+        suite = CounterSuite()
+        task = suite.tasks()[0]
+        ws = await runtime.create(COUNTER, seed=0)
+        first = await suite.start(ws, task)
+        snap = await ws.snapshot()
+        memory = snap.memory
+
+        def blocked_memory() -> Any:
+            measuring.set()
+            release.wait(10)
+            return memory()
+
+        snap.memory = blocked_memory  # type: ignore[method-assign]
+
+        async def no_setup(task: SuiteTask, seed: int) -> Any:
+            raise AssertionError("not called")
+
+        cache = PrefixCache(PrefixSettings(min_issuers=1), suite, no_setup, call_timeout_s=30)
+        node = cache.tree.root(cache.namespace(task), first)
+        keeping = asyncio.ensure_future(cache._keep_as_hot(node, snap))
+        await asyncio.to_thread(measuring.wait, 10)
+        keeping.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await keeping
+        assert snap.closed and node.hot is None
+        assert set(runtime.workspaces) == {ws.id}
+        await ws.close()

@@ -288,9 +288,13 @@ class PrefixCache:
 
     async def _keep_as_hot(self, node: Node, handle: Workspace) -> None:
         """``handle`` (a snapshot, or a root's set-up workspace) becomes ``node``'s hot entry, sized by its private
-        memory (re-measured as it grows: ``_measure_hot``)."""
+        memory (re-measured as it grows: ``_measure_hot``). Cancelled while it measures, ``handle`` is closed: it is
+        nobody's yet."""
         try:
             nbytes = max(MIN_HOT_BYTES, (await asyncio.to_thread(handle.memory)).private)
+        except asyncio.CancelledError:
+            await run_to_end(handle.close())
+            raise
         except Exception:
             nbytes = MIN_HOT_BYTES
         if self._closed or node.dead:
