@@ -151,11 +151,3 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path)
     elif path.is_symlink() or path.exists() or os.path.lexists(path):
         path.unlink()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import msgspec
 
-from bunshin.envs.framing import Checksum, Format, FramingError
+from bunshin.envs.framing import Checksum, Format, FramingError, fsync_dir
 
 from .errors import CorruptEntry, StoreBusy, StoreError, StoreFull, StoreWriteFailed, UnknownNode
-from .layer_delta import Entry, diff_layer, fsync_dir, remove_path, set_meta, under
+from .layer_delta import Entry, diff_layer, remove_path, set_meta, under
 
 CHUNK_MAGIC, NODE_MAGIC, VERSION = b"BUNSHCHK", b"BUNSHNOD", 1
 # frames of ``bunshin.envs.framing``: a chunk's trailer is the blake2b-256 of its payload, which is also its name; a

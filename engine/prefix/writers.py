@@ -28,10 +28,10 @@ import aiofiles
 import aiofiles.os
 import msgspec
 
+from bunshin.envs.framing import fsync_dir
 from bunshin.envs.runtime.task_scope import run_to_end
 
 from .errors import StoreError
-from .layer_delta import fsync_dir
 from .store import Buffer, CheckpointStore, NodeRecord, Pending, Plan
 
 QUEUED, DROPPED, CLOSED = "queued", "dropped (backlog full)", "closed"
