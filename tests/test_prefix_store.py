@@ -425,11 +425,14 @@ async def test_closing_mid_write_abandons_cleanly(tmp_path: Path, rng: random.Ra
         store.write_node("base", state(rng, MiB))
         base_chunks = len(store._present)
         placed.clear()
+        # 40 MiB of random bytes take a second on a loaded machine: made in a thread, not on the watched loop
+        big = await asyncio.to_thread(state, rng, 40 * MiB)
+        small = await asyncio.to_thread(state, rng, MiB)
 
         async def run() -> None:
             async with open_writers(store, workers=1, backlog=4, abandon_on_exit=True) as writers:
-                writers.submit_nowait(WriteJob(node_id="big", parts=state(rng, 40 * MiB), done=outcomes.append))
-                writers.submit_nowait(WriteJob(node_id="next", parts=state(rng, MiB), done=outcomes.append))
+                writers.submit_nowait(WriteJob(node_id="big", parts=big, done=outcomes.append))
+                writers.submit_nowait(WriteJob(node_id="next", parts=small, done=outcomes.append))
                 await placed.wait()
                 if how == "cancel":
                     await asyncio.Event().wait()  # until cancelled
