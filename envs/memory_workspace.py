@@ -262,7 +262,7 @@ class MemoryWorkspace(Workspace):
             await self._collect_orphan()
             self._usable()
             if self.run.latency.call_s:
-                await asyncio.sleep(self.run.latency.call_s)  # the round trip; cancelled here, nothing ran
+                await _take(self.run.latency.call_s)  # the round trip; cancelled here, nothing ran
             loop = asyncio.get_running_loop()
             self._inflight = loop.run_in_executor(None, self._run_tool, _encoder.encode(call))
             try:
@@ -359,7 +359,7 @@ class MemoryWorkspace(Workspace):
         try:
             modelled = self.run.latency.snapshot_s if frozen else self.run.latency.fork_s
             if modelled:
-                await asyncio.sleep(modelled)
+                await _take(modelled)
         except BaseException:
             await clone.close()  # a cancelled fork leaves no clone behind
             raise
@@ -459,6 +459,15 @@ def _moved(f: ReopenableFile, source_dir: str, clone_dir: str) -> ReopenableFile
     return moved
 
 
+async def _take(seconds: float) -> None:
+    """Sleep at least ``seconds`` by ``time.monotonic`` (what the timings are measured with): a loop's timer may fire
+    a little early by that clock (uvloop's has millisecond resolution), and a modelled cost is never less than
+    itself."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 def _release(app: WorkspaceApp | None, ctx: MemoryAppContext) -> None:
     """In a thread: what a host's shutdown does, then the directory goes."""
     try:
@@ -540,7 +549,7 @@ class MemoryRuntime:
         ctx = MemoryAppContext(ws_id=ws_id, seed=seed, rng=random.Random(seed), directory=str(directory),
                                app_target=spec.target)
         if self.latency.create_s:
-            await asyncio.sleep(self.latency.create_s)
+            await _take(self.latency.create_s)
         try:
             state, nbytes = await run_to_end(asyncio.to_thread(_set_up, spec, ctx), lambda made: _release(made[0], ctx))
         except NeedsRealWorkspace:
