@@ -81,7 +81,7 @@ from .runtime.memory import RunMemory
 from .runtime.task_scope import run_to_end
 from .runtime.workers import load
 from .seeds import derive_seed
-from .workspace import ForkTiming, Snapshot, Workspace, WorkspaceImage, deadline_s
+from .workspace import ForkTiming, Snapshot, Workspace, WorkspaceImage, call_timeouts
 
 CLOSE_GRACE_S = 5.0  # how long a close waits for a call still running (as a host is given to say goodbye)
 
@@ -229,10 +229,7 @@ class MemoryWorkspace(Workspace):
         errors as the real workspace raises them (``CallDeadlineExceeded``, ``WorkspaceBroken``,
         ``WorkspaceClosed``), and ``NeedsRealWorkspace`` for ``shell`` or a tool that asks for what is not here."""
         limits = self.run.limits
-        timeout = limits.command_timeout_s if timeout_s is None else float(timeout_s)
-        if not 0 < timeout < math.inf:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        deadline = deadline_s(timeout, limits)
+        timeout, deadline = call_timeouts(timeout_s, limits)
         self.calls += 1
         try:
             async with asyncio.timeout(deadline):

@@ -11,6 +11,7 @@ Must never: import the runtime (``envs.runtime``), at any level: the contract is
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,15 @@ class WorkspaceImage(Protocol):
     def discard(self) -> None:
         """Remove the image's files and layer. Idempotent, thread-safe, blocking."""
         ...
+
+
+def call_timeouts(timeout_s: float | None, limits: Limits) -> tuple[float, float]:
+    """A tool call's own time (``timeout_s``, default ``limits.command_timeout_s``) and its ``deadline_s``; a
+    timeout that is not a positive finite number of seconds raises ``ValueError``."""
+    timeout = limits.command_timeout_s if timeout_s is None else float(timeout_s)
+    if not 0 < timeout < math.inf:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    return timeout, deadline_s(timeout, limits)
 
 
 def deadline_s(timeout_s: float, limits: Limits) -> float:

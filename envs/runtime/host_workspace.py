@@ -11,7 +11,6 @@ Must never: block the event loop on the host, or leave a workspace half-closed w
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import signal
 import socket
@@ -21,7 +20,7 @@ import msgspec
 
 from ..errors import CallDeadlineExceeded, RequestRefused, WorkspaceBroken, WorkspaceClosed
 from ..records import AppSpec, Limits, MemoryStats, Observation, ToolCall
-from ..workspace import Snapshot, Workspace, WorkspaceImage, deadline_s
+from ..workspace import Snapshot, Workspace, WorkspaceImage, call_timeouts
 from . import await_points
 from .cgroups import Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
@@ -156,10 +155,7 @@ class HostWorkspace(Workspace):
         ``CallDeadlineExceeded`` and the workspace is broken with that reason. A call that leaves the workspace
         over its limits raises WorkspaceBroken."""
         limits = self.services.limits
-        timeout = limits.command_timeout_s if timeout_s is None else float(timeout_s)
-        if not 0 < timeout < math.inf:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        deadline = deadline_s(timeout, limits)
+        timeout, deadline = call_timeouts(timeout_s, limits)
         self.calls += 1
         try:
             async with asyncio.timeout(deadline):
