@@ -11,6 +11,7 @@ or network namespace goes through the context, which rebinds it in the clone.
 
 from __future__ import annotations
 
+import math
 import mmap
 import pickle
 import random
@@ -124,6 +125,19 @@ class AppContext:
     files: list[ReopenableFile] = field(default_factory=list)
     sockets: list[RebindableSocket] = field(default_factory=list)
     spawner: Callable[..., Any] | None = None
+    launcher: Callable[..., Any] | None = None
+    # what the app holds that is its source's in a clone (a browser's pipe): let go of in every clone, snapshot or not
+    in_clones: list[Callable[[], None]] = field(default_factory=list)
+    # when the call being served must have answered (time.monotonic()); the host sets it before every tool call
+    deadline: float = math.inf
+
+    def launch(self, name: str, argv: list[str], **options: Any) -> Any:
+        """Start a long-lived program in the workspace as the agent user (a browser, a display server):
+        ``runtime/app_processes.py``'s ``AppProcesses.start`` (descriptors at chosen numbers, private tmpfs
+        mounts, KSM opt-in). It is not forked with the workspace: a clone's app starts its own in ``after_fork``."""
+        if self.launcher is None:
+            raise WorkerError("only a workspace host's application can launch programs")
+        return self.launcher(name, argv, **options)
 
     def spawn(self, target: str, **kwargs: Any) -> Any:
         """Start a worker process (``module:WorkerAppSubclass``) holding state of its own; it is forked with
@@ -154,6 +168,15 @@ class AppContext:
         for f in self.files:
             if not f.file.closed:
                 f.file.flush()
+
+    def on_clone(self, forget: Callable[[], None]) -> None:
+        """Have ``forget`` run first thing in every clone (a snapshot too): it lets go of what is the source's,
+        such as the pipe to a program ``launch`` started, without touching it."""
+        self.in_clones.append(forget)
+
+    def forget_in_clone(self) -> None:
+        for forget in self.in_clones:
+            forget()
 
     def rebind_after_fork(self) -> None:
         for f in self.files:

@@ -116,9 +116,14 @@ def serve_shop(catalog_size: int = CATALOG_SIZE, shop_class: type[RecordingShop]
         selector = selectors.DefaultSelector()
         try:
             selector.register(wake_r, selectors.EVENT_READ, None)
-            for sock, callback in shop.readers().items():
-                selector.register(sock, selectors.EVENT_READ, callback)
-            while True:
+            while True:  # the readers asked again after every request (connections come and go), as Worker.serve
+                wanted = dict(shop.readers())
+                for key in list(selector.get_map().values()):
+                    if key.fileobj is not wake_r and (key.fileobj not in wanted or key.fileobj.fileno() < 0):
+                        selector.unregister(key.fileobj)
+                for sock, callback in wanted.items():
+                    if sock not in selector.get_map():
+                        selector.register(sock, selectors.EVENT_READ, callback)
                 for key, _ in selector.select():
                     if key.data is None:
                         return  # woken: stop serving

@@ -33,6 +33,7 @@ from ..records import Observation
 from ..seeds import derive_seed
 from . import namespaces, rootfs, syscalls, workers
 from .agents import Agents
+from .app_processes import AppProcesses
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import checkpoint, clone, source
@@ -71,13 +72,14 @@ class Host:
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.state_version = 0
         agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds)
+        apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds)
         self.state = ForkState(
             ws_id=config.ws_id, frozen=False, sock=sock,
             pool_fd=os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd), layer_fd=-1,
             cgroup_fds=cgroup_fds, config=config, app=app_cls(**config.app.kwargs),
             ctx=AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
-                           run_agent=agents.run, spawner=self.spawn_worker),
-            agents=agents, workers=[])
+                           run_agent=agents.run, spawner=self.spawn_worker, launcher=apps.start),
+            agents=agents, workers=[], apps=apps)
 
     # -- start ------------------------------------------------------------------------------------------------
     def build(self) -> None:
@@ -155,6 +157,7 @@ class Host:
     def execute(self, name: str, args: dict[str, Any], timeout_s: float) -> Observation:
         started = time.monotonic()
         self.state_version += 1
+        self.state.ctx.deadline = started + timeout_s
         try:
             if name == "shell":
                 obs = self._shell(args, timeout_s)
@@ -167,6 +170,8 @@ class Host:
             obs = Observation(error=str(exc))
         except Exception as exc:
             obs = Observation(error=f"tool {name!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.state.ctx.deadline = math.inf
         return msgspec.structs.replace(obs, tool_seconds=time.monotonic() - started)
 
     def _shell(self, args: dict[str, Any], timeout_s: float) -> Observation:
@@ -219,6 +224,7 @@ class Host:
         state.agents.kill_all()
         with contextlib.suppress(Exception):
             state.app.close()
+        state.apps.kill_all()  # after the app's close: it may say goodbye to its programs first
 
 
 def _descriptors(text: str) -> list[int]:

@@ -98,10 +98,12 @@ def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedIm
         src = Path("/etc") / name_
         if src.exists():
             shutil.copy2(src, etc / name_, follow_symlinks=True)
-    for tree in ("alternatives", "ld.so.conf.d", "ssl", "python3", "python3.11"):
+    # fonts: fontconfig's configuration and the cache built for the fonts under /usr (a browser started without
+    # the cache builds it first, which costs each start about a second)
+    for tree in ("alternatives", "ld.so.conf.d", "ssl", "python3", "python3.11", "fonts", "/var/cache/fontconfig"):
         src = Path("/etc") / tree
         if src.is_dir():
-            shutil.copytree(src, etc / tree, symlinks=True)
+            shutil.copytree(src, root / src.relative_to("/"), symlinks=True)
     return PreparedImage(name=name, lower=name, binds=(Bind("/usr"),))
 
 

@@ -35,6 +35,8 @@ MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_MEMORY_MERGE = 67  # KSM may merge every anonymous page of the process (Linux 6.4), inherited
+PR_GET_MEMORY_MERGE = 68
 
 # mallopt parameters (glibc malloc.h)
 M_MMAP_THRESHOLD = -3

@@ -23,22 +23,31 @@ from typing import Any
 
 from .. import state_image
 from ..app import AppContext, Tool, ToolError, WorkspaceApp, dont_fork_into_workers
+from ..chromium.browser import BrowserError as ChromiumError
+from ..chromium.cdp import CdpError
 from ..latency import ToolLatency
 from ..records import Observation, ToolCall
 from ..runtime.workers import WorkerHandle
 from ..suites.base import ActionError
 from .browser.browser import Browser, BrowserError
+from .chromium_browser import ChromiumShopBrowser
 from .tools import FINAL, SCHEMA
 
 _TARGET = re.compile(r"^@(\w+) (['\"])(.*)\2$", re.S)
 
 
+BROWSERS = ("text", "chromium")
+
+
 class ShopApp(WorkspaceApp):
     def __init__(self, catalog_size: int = 20_000, catalog_seed: int = 0, port: int = 7770, image_px: int = 40,
                  screenshots: bool = True, keep_rasters: bool = True, load_images: bool = True,
-                 device_scale: float = 2.0, time_scale: float = 1.0):
+                 device_scale: float = 2.0, time_scale: float = 1.0, browser: str = "text", ksm: bool = False):
         if catalog_size < 1:
             raise ValueError(f"catalog_size must be >= 1, got {catalog_size}")
+        if browser not in BROWSERS:
+            raise ValueError(f"browser must be one of {', '.join(BROWSERS)}, got {browser!r}")
+        self.browser_kind, self.ksm = browser, ksm
         self.latency = ToolLatency("webshop", time_scale)
         self.server_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "port": port,
                               "image_px": image_px}
@@ -49,13 +58,37 @@ class ShopApp(WorkspaceApp):
         self.server: WorkerHandle = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)
         self.port = int(self.server.call("port"))
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.browser = Browser(self.base_url + "/", **self.browser_kwargs)
+        self.browser = self._browser(ctx)
+
+    def _browser(self, ctx: AppContext) -> Browser | ChromiumShopBrowser:
+        if self.browser_kind == "text":
+            return Browser(self.base_url + "/", **self.browser_kwargs)
+        chromium = ChromiumShopBrowser(ctx, self.base_url + "/", screenshots=self.browser_kwargs["screenshots"],
+                                       merge_memory=self.ksm)
+        ctx.on_clone(chromium.suspend)
+        chromium.start()
+        return chromium
+
+    def before_fork(self, ctx: AppContext) -> None:
+        super().before_fork(ctx)
+        if isinstance(self.browser, ChromiumShopBrowser):
+            self.browser.before_fork()
+
+    def after_fork(self, ctx: AppContext) -> None:
+        if isinstance(self.browser, ChromiumShopBrowser):
+            try:
+                self.browser.after_fork()
+            except (ChromiumError, CdpError) as exc:
+                raise ToolError(f"the clone's browser could not be brought to its source's state: {exc}") from exc
 
     # -- the private-restore baseline ------------------------------------------------------------------------------
     def checkpoint(self) -> list[bytes | memoryview]:
         """The host process's image (``state_image``): the whole browser (its pages, rasters and decoded images
         written out of band, straight from their arrays), the latency chain and the server's port. The server
-        images itself."""
+        images itself. A Chromium cannot be imaged: its state as data (``before_fork`` took it) is, and the
+        restored shop starts a Chromium and brings it there, as a clone does."""
+        if isinstance(self.browser, ChromiumShopBrowser):
+            return state_image.dump({"port": self.port, "browser_state": self.browser.saved, "latency": self.latency})
         return state_image.dump({"port": self.port, "browser": self.browser, "latency": self.latency})
 
     def restore(self, ctx: AppContext, data: memoryview) -> None:
@@ -66,6 +99,14 @@ class ShopApp(WorkspaceApp):
         self.server = ctx.spawn("bunshin.envs.webshop.server:ShopServer", **self.server_kwargs)  # binds its port
         self.port = int(self.server.call("port"))
         state = state_image.load(data)  # after the spawn: the server process need not inherit the browser
+        if self.browser_kind == "chromium" and isinstance(state.get("latency"), ToolLatency) \
+                and state.get("port") == self.port and "browser_state" in state:
+            self.base_url = f"http://127.0.0.1:{self.port}"
+            self.latency = state["latency"]
+            self.browser = self._browser(ctx)
+            self.browser.saved = state["browser_state"]
+            self.browser.after_fork()
+            return
         if not isinstance(state.get("browser"), Browser) or not isinstance(state.get("latency"), ToolLatency) \
                 or state.get("port") != self.port:
             raise ValueError(f"not this web shop's image: a {type(state.get('browser')).__name__} on port "
@@ -113,9 +154,7 @@ class ShopApp(WorkspaceApp):
         if not match:
             raise ToolError(f"element target {target!r} is not of the form @role 'name'")
         role, name = match.group(1), match.group(3)
-        tree = self.browser.page.tree
-        element_id = next((line.node_id for line in (tree.root, *tree.lines)
-                           if line.role == role and name in (line.name, line.placeholder)), None)
+        element_id = self.browser.find(role, name)
         if element_id is None:
             raise ToolError(f"no element {target!r} on {self.browser.current_url()}")
         return Observation(output=str(element_id), data={"element_id": element_id})

@@ -10,11 +10,13 @@ Must never: let one bad request stop the server.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import io
 import json
 import re
 import socket
+import time
 import urllib.parse
 from typing import Any
 
@@ -37,6 +39,8 @@ _PRODUCT = re.compile(r"^/[a-z0-9-]*-(b\d{10})\.html$")
 _ORDER = re.compile(r"^/sales/order/view/order_id/(\d+)/?$")
 _IMAGE = re.compile(r"^/media/catalog/product/(b\d{10})\.png$")
 _REVIEWS_API = re.compile(r"^/rest/V1/products/(b\d{10})/reviews/?$", re.I)
+MAX_WAITING = 32  # connections accepted and not yet asked on; beyond it the oldest is closed
+IDLE_S = 10.0  # a connection that asked nothing for this long is closed when the next one comes
 _REVIEW_POST = re.compile(r"^/review/product/post/id/(b\d{10})/$")
 
 
@@ -50,8 +54,12 @@ class ShopServer(WorkerApp):
                  db_path: str = "/var/lib/shop/shop.db", image_px: int = 40):
         self.catalog_size, self.catalog_seed, self.port = catalog_size, catalog_seed, port
         self.db_path, self.image_px = db_path, image_px
+        # connections accepted whose request has not come yet (a browser opens some ahead and sends nothing on them
+        # for a while): served when readable, so an idle one never holds up the others
+        self._waiting: dict[socket.socket, tuple[Any, float]] = {}
 
     def setup(self, ctx: AppContext) -> None:
+        ctx.on_clone(self.forget_connections)
         self.catalog = Catalog(self.catalog_size, self.catalog_seed)
         self.index = SearchIndex(self.catalog)
         self.images = Thumbnails(self.catalog_size, self.catalog_seed, self.image_px)
@@ -92,6 +100,7 @@ class ShopServer(WorkerApp):
         clone's worker is reseeded with ``derive_seed(clone seed, "worker", index)``, the same seed this
         re-spawned worker got), so both backends draw the same session ids after a fork, and two clones of one
         source do not share a stream."""
+        ctx.on_clone(self.forget_connections)
         state = state_image.load(data)
         recorded = state["identity"]
         self.catalog, self.index, self.images = state["catalog"], state["index"], state["images"]
@@ -117,16 +126,34 @@ class ShopServer(WorkerApp):
         return session, True
 
     def readers(self) -> dict[Any, Any]:
-        return {self.server.sock: self._accept}
+        return {self.server.sock: self._accept,
+                **{conn: functools.partial(self._serve, conn) for conn in self._waiting}}
 
     def rpc_port(self) -> int:
         return self.server.port
 
     def _accept(self) -> None:
         conn, addr = self.server.sock.accept()
+        now = time.monotonic()
+        for old, (_, since) in list(self._waiting.items()):
+            if now - since > IDLE_S or len(self._waiting) >= MAX_WAITING:
+                self._drop(old)
+        self._waiting[conn] = (addr, now)
+
+    def _serve(self, conn: socket.socket) -> None:
+        addr, _ = self._waiting.pop(conn)
         with conn:
             conn.settimeout(5)
             _Handler(conn, addr, self)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._waiting.pop(conn, None)
+        conn.close()
+
+    def forget_connections(self) -> None:
+        """In a clone: the connections accepted are the source's (its browser's), not ours to answer."""
+        for conn in list(self._waiting):
+            self._drop(conn)
 
     # -- GET ------------------------------------------------------------------------------------------------------
     def route(self, raw_path: str, session: str = "") -> tuple[int, str, str | bytes]:

@@ -23,6 +23,7 @@ from ..suites.base import ActionError, Refusal, Suite, SuiteTask, checked
 from ..suites.task_dir import load_dir
 from ..workspace import Workspace
 from . import tasks as generator
+from .app import BROWSERS
 from .browser.actions import parse_action
 from .tools import FINAL, SCHEMA
 
@@ -37,6 +38,8 @@ READ_ONLY = frozenset({"scroll", "hover", "tab_focus", "goto", "go_back", "go_fo
 class WebShopSuite(Suite):
     """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
     products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
+    ``browser`` ``text`` (the embedded text browser, fast) or ``chromium`` (Debian's Chromium in every workspace,
+    driven over its DevTools pipe: ``envs/chromium``), ``ksm`` (Chromium workspaces opt into KSM);
     ``device_scale`` 2 (the browser decodes images at displayed size x 2, RGBA, kept per visited page);
     ``keep_rasters`` (the full-page raster of each visited page), ``load_images``, ``screenshots``; ``time_scale``
     1.0 (the modelled page-ready time of the agent's actions, ``envs/latency.py``, times this; 0: none). Task files:
@@ -52,10 +55,15 @@ class WebShopSuite(Suite):
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
                  keep_rasters: bool = True, load_images: bool = True, device_scale: float = 2.0,
                  tasks_dir: str | Path | None = None, lenient: bool = False,
-                 judge: webarena.Judge = webarena.token_overlap_judge, time_scale: float = 1.0):
+                 judge: webarena.Judge = webarena.token_overlap_judge, time_scale: float = 1.0,
+                 browser: str = "text", ksm: bool = False):
+        if browser not in BROWSERS:
+            raise ValueError(f"browser must be one of {', '.join(BROWSERS)}, got {browser!r}")
         self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
                            "screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
                            "device_scale": device_scale, "time_scale": check_time_scale(time_scale)}
+        if browser != "text":  # the text browser's namespaces (and recorded prefix trees) stay what they were
+            self.app_kwargs.update(browser=browser, ksm=ksm)
         self.knobs = dict(self.app_kwargs)
         self.catalog = (catalog_size, catalog_seed)
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else None

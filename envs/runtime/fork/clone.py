@@ -44,6 +44,8 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     os.close(state.layer_fd)
     state.layer_fd = layer_fd
     state.agents.become_clones(spec.cgroup_rel)
+    state.apps.forget_all()  # the source's programs (a browser): the app starts its own in after_fork
+    state.ctx.forget_in_clone()
     state.ws_id, state.frozen = spec.ws_id, spec.frozen
     state.ctx.ws_id = spec.ws_id
     if state.workers:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...app import AppContext, WorkspaceApp
 from ...errors import EnvsError
 from ..agents import Agents
+from ..app_processes import AppProcesses
 from ..channel import send_frame
 from ..protocol import HostConfig, Reply, encoder
 from ..workers import WorkerHandle
@@ -43,6 +44,7 @@ class ForkState:
     ctx: AppContext
     agents: Agents
     workers: list[WorkerHandle]
+    apps: AppProcesses
     restoring: tuple[str, int] | None = None
 
     def fault(self, name: str) -> None:

@@ -73,6 +73,7 @@ def become(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppConte
     join_by_fds(cgroup_fds, adopt.cgroup_rel)
     die_with(adopt.reaper_pid)
     ctx.ws_id = adopt.ws_id
+    ctx.forget_in_clone()
     if adopt.frozen:  # a snapshot's worker waits; its clones rebind when they are made
         ctx.suspend_after_fork()
     else:

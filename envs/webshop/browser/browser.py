@@ -250,6 +250,12 @@ class Browser:
             raster, top = screenshot.render_lines(page.tree, page.scroll, *self.viewport, page.focused), 0
         return screenshot.viewport_png(raster, top, self.viewport)
 
+    def find(self, role: str, name: str) -> int | None:
+        """The id of the first element of the current page with this role and this name (or placeholder)."""
+        tree = self.page.tree
+        return next((line.node_id for line in (tree.root, *tree.lines)
+                     if line.role == role and name in (line.name, line.placeholder)), None)
+
     def fetch_text(self, url: str | None, selector: str) -> str:
         """For WebArena's program_html evaluator: the outer text of the first element matching ``selector`` (the
         page's body when ``selector`` is empty; "" when nothing matches) on ``url`` fetched with the browser's

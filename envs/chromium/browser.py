@@ -1,0 +1,438 @@
+"""One headless Chromium inside a workspace, driven by the workspace host over its DevTools pipe.
+
+Owns: starting Debian's Chromium as the agent user (``ctx.launch``: its own PID and mount namespaces, a private
+tmpfs /tmp for its profile and caches, fds 3 and 4 for the pipe) with fixed flags (headless, no sandbox of its own:
+the workspace is the sandbox; viewport, device scale 1, locale, time zone, no network beyond the workspace's
+loopback, no background traffic), its tabs (the pages it has, popups included, at most ``MAX_TABS``), navigation
+that waits for the page's load event, real input (mouse and keyboard events through ``Input``), script
+evaluation, screenshots, the accessibility tree (``axtree.py``), and closing it. Every call takes a deadline.
+Must never: wait past a deadline, let a page open tabs without bound, or keep a tab the browser closed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..app import AppContext
+from ..errors import EnvsError
+from . import axtree
+from .cdp import CdpError, CdpPipe
+from .keys import char_events, key_events
+
+BINARY = "/usr/lib/chromium/chromium"  # Debian's build; /usr/bin/chromium is a wrapper script reading /etc/chromium.d
+VIEWPORT = (1280, 720)  # WebArena's
+MAX_TABS = 16  # a popup storm beyond it: the newest are closed as they come
+TMPFS_BYTES = 512 << 20  # the browser's /tmp: profile, caches, downloads; charged to the workspace's memory
+LAUNCH_S = 30.0
+PROFILE = "/tmp/chromium-profile"
+ENV = {"HOME": "/tmp", "LANG": "en_US.UTF-8", "TZ": "UTC", "PATH": "/usr/bin:/bin",
+       "XDG_CONFIG_HOME": "/tmp/.config", "XDG_CACHE_HOME": "/tmp/.cache", "FONTCONFIG_PATH": "/etc/fonts"}
+
+
+def flags(viewport: tuple[int, int]) -> list[str]:
+    """Chromium's command line: what every workspace's browser runs with (and nothing from the host's
+    /etc/chromium.d)."""
+    return [
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+        f"--user-data-dir={PROFILE}", f"--window-size={viewport[0]},{viewport[1]}", "--force-device-scale-factor=1",
+        "--lang=en-US", "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions",
+        "--disable-breakpad", "--disable-crash-reporter", "--metrics-recording-only", "--mute-audio",
+        "--disable-dev-shm-usage", "--password-store=basic", "--use-mock-keychain", "--hide-scrollbars",
+        "--disable-features=Translate,MediaRouter,OptimizationHints,AutofillServerCommunication,"
+        "DialMediaRouteProvider,InterestFeedContentSuggestions,CalculateNativeWinOcclusion",
+        "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
+        "--disable-backgrounding-occluded-windows", "--font-render-hinting=none", "--disable-ipc-flooding-protection",
+        "--disable-back-forward-cache",
+        "about:blank",
+    ]
+
+
+KEPT_EVENTS = frozenset({"Target.attachedToTarget", "Target.targetDestroyed", "Page.lifecycleEvent",
+                         "Page.frameRequestedNavigation", "Page.frameStartedLoading", "Network.requestWillBeSent",
+                         "Network.responseReceived"})
+
+
+class BrowserError(EnvsError):
+    """The browser could not do what a tool asked (a page that would not load, a tab that is not there)."""
+
+
+@dataclass
+class Tab:
+    """One page target and our flat session to it; ``frame_id``: its main frame."""
+
+    target_id: str
+    session: str
+    frame_id: str = ""
+    opener: str | None = None
+    posted: set[str] = field(default_factory=set)  # URLs whose document came as the answer to a POST
+    documents: int = 0  # main-frame documents loaded (a navigation happened when it grew)
+    status: int = 0  # the HTTP status of the document shown
+    last_tree: axtree.AxTree | None = field(default=None, repr=False)
+
+
+class Chromium:
+    """A Chromium of this workspace: ``start`` it, then tabs, navigation, input, evaluation, observation."""
+
+    def __init__(self, ctx: AppContext, *, viewport: tuple[int, int] = VIEWPORT, merge_memory: bool = False):
+        self.ctx, self.viewport, self.merge_memory = ctx, viewport, merge_memory
+        self.pipe: CdpPipe | None = None
+        self.process: Any = None
+        self.tabs: list[Tab] = []
+        self.current = 0
+        self.started_s = 0.0
+        self.dialogs = 0
+
+    # -- life ---------------------------------------------------------------------------------------------------
+    def start(self, deadline: float | None = None) -> None:
+        """Launch the browser and attach to its first tab (ready when its blank page has loaded)."""
+        started = time.monotonic()
+        deadline = deadline if deadline is not None else started + LAUNCH_S
+        if not os.path.exists(BINARY):
+            raise BrowserError(f"Chromium is not installed in this workspace's image ({BINARY} is missing)")
+        commands_r, commands_w = os.pipe2(os.O_CLOEXEC)
+        replies_r, replies_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.process = self.ctx.launch("chromium", [BINARY, *flags(self.viewport)], env=ENV,
+                                           fds={3: commands_r, 4: replies_w}, tmpfs={"/tmp": TMPFS_BYTES},
+                                           merge_memory=self.merge_memory)
+        except BaseException:
+            for fd in (commands_r, commands_w, replies_r, replies_w):
+                os.close(fd)
+            raise
+        os.close(commands_r)
+        os.close(replies_w)
+        self.pipe = CdpPipe(commands_w, replies_r, keep=KEPT_EVENTS, on_event=self._on_event)
+        try:
+            self._first_tab(deadline)
+        except CdpError as exc:
+            log = self.process.log_tail() if self.process is not None else ""
+            self.close()
+            raise BrowserError(f"Chromium did not start: {exc}; its last words: {log[-2000:]}") from exc
+        self.started_s = time.monotonic() - started
+
+    def _first_tab(self, deadline: float) -> None:
+        self.cdp.call("Target.setDiscoverTargets", {"discover": True}, deadline=deadline)
+        self.cdp.call("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False,
+                                                "flatten": True}, deadline=deadline)
+        pages = [t for t in self.cdp.call("Target.getTargets", deadline=deadline)["targetInfos"]
+                 if t.get("type") == "page"]
+        if not pages:
+            pages = [{"targetId": self.cdp.call("Target.createTarget", {"url": "about:blank"},
+                                                 deadline=deadline)["targetId"]}]
+        self.tabs = [self._attach(pages[0]["targetId"], deadline)]
+        self.current = 0
+
+    def close(self) -> None:
+        """Close the pipe and kill the browser (its whole PID namespace)."""
+        if self.pipe is not None:
+            self.pipe.close()
+            self.pipe = None
+        if self.process is not None:
+            process, self.process = self.process, None
+            process.kill()
+        self.tabs = []
+
+    def abandon(self) -> None:
+        """In a clone: the pipe and the process are the source's browser; let go of them without a word."""
+        if self.pipe is not None:
+            self.pipe.close()
+        self.pipe, self.process, self.tabs = None, None, []
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """A page's alert, confirm or prompt is dismissed as it opens (it would block the page's scripts and our
+        evaluations; WebArena's Playwright dismisses them the same way)."""
+        if event.get("method") == "Page.javascriptDialogOpening" and self.pipe is not None:
+            self.dialogs += 1
+            self.pipe.send("Page.handleJavaScriptDialog", {"accept": False}, session=event.get("sessionId"),
+                           forget=True)
+
+    @property
+    def cdp(self) -> CdpPipe:
+        if self.pipe is None:
+            raise BrowserError("the browser is not running")
+        return self.pipe
+
+    # -- tabs -----------------------------------------------------------------------------------------------------
+    def _attach(self, target_id: str, deadline: float, opener: str | None = None) -> Tab:
+        """Our session to page ``target_id`` (the auto-attached one if it came), its domains on, its emulation
+        (viewport, scale 1, locale, time zone) set."""
+        session = None
+        for event in self.cdp.take_events("Target.attachedToTarget"):
+            info = event["params"]["targetInfo"]
+            if info["targetId"] == target_id:
+                session = event["params"]["sessionId"]
+            else:
+                self.cdp.events.append(event)  # another page's: kept for ``_adopt_popups``
+        if session is None:
+            session = self.cdp.call("Target.attachToTarget", {"targetId": target_id, "flatten": True},
+                                    deadline=deadline)["sessionId"]
+        tab = Tab(target_id=target_id, session=session, opener=opener)
+        ids = [self.cdp.send(method, params, session=session) for method, params in (
+            ("Page.enable", {}), ("Page.setLifecycleEventsEnabled", {"enabled": True}), ("Runtime.enable", {}),
+            ("Network.enable", {}), ("DOM.enable", {}), ("Accessibility.enable", {}),
+            ("Emulation.setDeviceMetricsOverride", {"width": self.viewport[0], "height": self.viewport[1],
+                                                    "deviceScaleFactor": 1, "mobile": False}),
+            ("Emulation.setTimezoneOverride", {"timezoneId": "UTC"}),
+            ("Emulation.setLocaleOverride", {"locale": "en-US"}),
+            ("Emulation.setFocusEmulationEnabled", {"enabled": True}),  # as Playwright: the page has the focus
+            ("Page.getFrameTree", {}),
+        )]
+        for command_id in ids[:-1]:
+            self.cdp.reply(command_id, "attach", deadline)
+        tab.frame_id = self.cdp.reply(ids[-1], "Page.getFrameTree", deadline)["frameTree"]["frame"]["id"]
+        return tab
+
+    @property
+    def tab(self) -> Tab:
+        self._adopt_popups(time.monotonic() + 5)
+        if not self.tabs:
+            raise BrowserError("the browser has no tab")
+        return self.tabs[self.current]
+
+    def _adopt_popups(self, deadline: float) -> None:
+        """Pages the browser opened itself (``target=_blank``, ``window.open``) become tabs, in the order they
+        came; over ``MAX_TABS`` they are closed. Tabs the browser destroyed are dropped."""
+        cdp = self.cdp
+        cdp.pump()
+        for event in cdp.take_events("Target.targetDestroyed"):
+            gone = event["params"]["targetId"]
+            for i, tab in enumerate(self.tabs):
+                if tab.target_id == gone:
+                    del self.tabs[i]
+                    if self.current >= i and self.current > 0:
+                        self.current -= 1
+                    break
+        for event in cdp.take_events("Target.attachedToTarget"):
+            info = event["params"]["targetInfo"]
+            if info.get("type") != "page" or any(t.target_id == info["targetId"] for t in self.tabs):
+                continue
+            if len(self.tabs) >= MAX_TABS:
+                with contextlib.suppress(CdpError):
+                    cdp.call("Target.closeTarget", {"targetId": info["targetId"]}, deadline=deadline)
+                continue
+            cdp.events.append(event)
+            tab = self._attach(info["targetId"], deadline, opener=info.get("openerId"))
+            self.tabs.append(tab)
+            self.current = len(self.tabs) - 1  # the page a click opened is where the agent is now, as in a browser
+
+    def new_tab(self, deadline: float) -> Tab:
+        if len(self.tabs) >= MAX_TABS:
+            raise BrowserError(f"at most {MAX_TABS} tabs are open at once")
+        target = self.cdp.call("Target.createTarget", {"url": "about:blank"}, deadline=deadline)["targetId"]
+        tab = self._attach(target, deadline)
+        self._drop_attached(target)
+        self.tabs.append(tab)
+        self.current = len(self.tabs) - 1
+        return tab
+
+    def _drop_attached(self, target_id: str) -> None:
+        for event in self.cdp.take_events("Target.attachedToTarget"):
+            if event["params"]["targetInfo"]["targetId"] != target_id:
+                self.cdp.events.append(event)
+
+    def focus(self, index: int, deadline: float) -> None:
+        self._adopt_popups(deadline)
+        if not 0 <= index < len(self.tabs):
+            raise BrowserError(f"there is no tab {index} (tabs 0 to {len(self.tabs) - 1})")
+        self.current = index
+        self.cdp.call("Target.activateTarget", {"targetId": self.tabs[index].target_id}, deadline=deadline)
+
+    def close_tab(self, deadline: float) -> None:
+        """Close the current tab; the last one left gets the focus (a new blank one if none is left)."""
+        tab = self.tab
+        self.cdp.call("Target.closeTarget", {"targetId": tab.target_id}, deadline=deadline)
+        self.tabs.remove(tab)
+        with contextlib.suppress(CdpError):
+            self.cdp.take_events("Target.targetDestroyed")
+        if not self.tabs:
+            self.new_tab(deadline)
+        self.current = len(self.tabs) - 1
+
+    # -- pages ----------------------------------------------------------------------------------------------------
+    def call(self, method: str, params: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
+        """``method`` in the current tab's session."""
+        return self.cdp.call(method, params, deadline=deadline, session=self.tab.session)
+
+    def navigate(self, url: str, deadline: float) -> None:
+        """Load ``url`` in the current tab and wait for its load event (an error page counts as loaded)."""
+        tab = self.tab
+        self._clear_loads(tab)
+        result = self.cdp.call("Page.navigate", {"url": url}, deadline=deadline, session=tab.session)
+        if result.get("errorText") and not result.get("loaderId"):
+            raise BrowserError(f"cannot open {url[:200]}: {result['errorText']}")
+        if result.get("loaderId"):
+            self._wait_load(tab, deadline)
+        self._clear_loads(tab)  # this navigation's: ``settle`` after it must not wait for it again
+        self._note_documents(tab)
+
+    def history_go(self, delta: int, deadline: float) -> bool:
+        """Back (-1) or forward (+1) in the current tab's history; False when there is nowhere to go."""
+        history = self.cdp.call("Page.getNavigationHistory", deadline=deadline, session=self.tab.session)
+        index = history["currentIndex"] + delta
+        if not 0 <= index < len(history["entries"]):
+            return False
+        self.go_to_entry(history["entries"][index]["id"], deadline)
+        return True
+
+    def go_to_entry(self, entry_id: int, deadline: float) -> None:
+        tab = self.tab
+        self._clear_loads(tab)
+        self.cdp.call("Page.navigateToHistoryEntry", {"entryId": entry_id}, deadline=deadline, session=tab.session)
+        self.settle(deadline, tab)
+
+    def settle(self, deadline: float, tab: Tab | None = None) -> None:
+        """After input: if the page started a navigation, wait until the new page has loaded."""
+        tab = tab or self.tab
+        self.cdp.call("Runtime.evaluate", {"expression": "0"}, deadline=deadline, session=tab.session)
+        started = [e for e in self.cdp.take_events("Page.frameRequestedNavigation", tab.session)
+                   + self.cdp.take_events("Page.frameStartedLoading", tab.session)
+                   if e["params"].get("frameId") == tab.frame_id]
+        loaded = any(e["params"].get("frameId") == tab.frame_id and e["params"].get("name") == "load"
+                     for e in self.cdp.events if e.get("sessionId") == tab.session
+                     and e.get("method") == "Page.lifecycleEvent")
+        if started and not loaded:
+            self._wait_load(tab, deadline)
+        self._clear_loads(tab)
+        self._note_documents(tab)
+        self._adopt_popups(deadline)
+
+    def _note_documents(self, tab: Tab) -> None:
+        """Count the documents the tab's main frame loaded, their status, and which came as a POST's answer
+        (the last request of a redirect chain is the one whose answer is shown)."""
+        cdp = self.cdp
+        for event in cdp.take_events("Network.requestWillBeSent", tab.session):
+            params = event["params"]
+            if params.get("type") != "Document" or params.get("frameId") != tab.frame_id:
+                continue
+            request = params.get("request", {})
+            url = str(request.get("url", ""))
+            if request.get("method") == "POST":
+                tab.posted.add(url)
+            else:
+                tab.posted.discard(url)
+        for event in cdp.take_events("Network.responseReceived", tab.session):
+            params = event["params"]
+            if params.get("type") == "Document" and params.get("frameId") == tab.frame_id:
+                tab.documents += 1
+                tab.status = int(params.get("response", {}).get("status", 0))
+
+    def before_input(self) -> None:
+        """Forget the current tab's page-load events so far: ``settle`` then sees only what the input caused."""
+        self._clear_loads(self.tab)
+
+    def in_scratch_tab(self, url: str, expression: str, deadline: float) -> Any:
+        """Load ``url`` in a tab the agent never sees (the browser's cookies, no history of any tab changes),
+        evaluate ``expression`` there, close it."""
+        target = self.cdp.call("Target.createTarget", {"url": "about:blank", "background": True},
+                               deadline=deadline)["targetId"]
+        try:
+            tab = self._attach(target, deadline)
+            self._drop_attached(target)
+            self._clear_loads(tab)
+            result = self.cdp.call("Page.navigate", {"url": url}, deadline=deadline, session=tab.session)
+            if result.get("loaderId"):
+                self._wait_load(tab, deadline)
+            return self.evaluate(expression, deadline, session=tab.session)
+        finally:
+            with contextlib.suppress(CdpError):
+                self.cdp.call("Target.closeTarget", {"targetId": target}, deadline=deadline)
+            self.cdp.take_events("Target.targetDestroyed")
+
+    def _clear_loads(self, tab: Tab) -> None:
+        for method in ("Page.lifecycleEvent", "Page.frameRequestedNavigation", "Page.frameStartedLoading"):
+            self.cdp.take_events(method, tab.session)
+
+    def _wait_load(self, tab: Tab, deadline: float) -> None:
+        while True:
+            try:
+                event = self.cdp.wait_event("Page.lifecycleEvent", deadline, session=tab.session)
+            except CdpError as exc:
+                raise BrowserError(f"the page did not finish loading: {exc}") from exc
+            if event["params"].get("frameId") == tab.frame_id and event["params"].get("name") == "load":
+                return
+
+    def evaluate(self, expression: str, deadline: float, *, session: str | None = None) -> Any:
+        """The value of ``expression`` in the page (``returnByValue``); a thrown error is a ``BrowserError``."""
+        result = self.cdp.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                    "awaitPromise": True, "timeout": 5000},
+                               deadline=deadline, session=session or self.tab.session)
+        if "exceptionDetails" in result:
+            details = result["exceptionDetails"]
+            text = details.get("exception", {}).get("description") or details.get("text", "")
+            raise BrowserError(f"the page's script failed: {text}")
+        return result.get("result", {}).get("value")
+
+    def url(self, deadline: float) -> str:
+        history = self.cdp.call("Page.getNavigationHistory", deadline=deadline, session=self.tab.session)
+        return str(history["entries"][history["currentIndex"]]["url"])
+
+    def titles(self, deadline: float) -> list[str]:
+        infos = {t["targetId"]: t for t in self.cdp.call("Target.getTargets", deadline=deadline)["targetInfos"]}
+        return [str(infos.get(t.target_id, {}).get("title", "")) for t in self.tabs]
+
+    # -- observing ------------------------------------------------------------------------------------------------
+    def ax_tree(self, deadline: float) -> axtree.AxTree:
+        """The current tab's accessibility tree (main frame), with each node's layout box."""
+        tab = self.tab
+        snapshot_id = self.cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": [], "includeDOMRects": True},
+                                    session=tab.session)
+        tree_id = self.cdp.send("Accessibility.getFullAXTree", {}, session=tab.session)
+        boxes = axtree.layout_boxes(self.cdp.reply(snapshot_id, "DOMSnapshot.captureSnapshot", deadline))
+        nodes = self.cdp.reply(tree_id, "Accessibility.getFullAXTree", deadline).get("nodes", [])
+        tab.last_tree = axtree.build(nodes, boxes)
+        return tab.last_tree
+
+    def scroll_offset(self, deadline: float) -> tuple[float, float]:
+        value = self.evaluate("[window.scrollX, window.scrollY]", deadline)
+        return (float(value[0]), float(value[1])) if isinstance(value, list) and len(value) == 2 else (0.0, 0.0)
+
+    def screenshot(self, deadline: float) -> bytes:
+        """The current tab's viewport as PNG bytes."""
+        data = self.call("Page.captureScreenshot", {"format": "png"}, deadline)["data"]
+        return base64.b64decode(data)
+
+    # -- input ----------------------------------------------------------------------------------------------------
+    def element_centre(self, backend_id: int, deadline: float) -> tuple[float, float]:
+        """Scroll the element into view if needed; the centre of its first box in viewport coordinates."""
+        with contextlib.suppress(CdpError):
+            self.call("DOM.scrollIntoViewIfNeeded", {"backendNodeId": backend_id}, deadline)
+        try:
+            quads = self.call("DOM.getContentQuads", {"backendNodeId": backend_id}, deadline).get("quads", [])
+        except CdpError as exc:
+            raise BrowserError(f"the element is not on the page any more ({exc})") from exc
+        for quad in quads:
+            xs, ys = quad[0::2], quad[1::2]
+            if max(xs) - min(xs) > 0 and max(ys) - min(ys) > 0:
+                return (sum(xs) / 4, sum(ys) / 4)
+        raise BrowserError("the element has no visible box to act on")
+
+    def mouse(self, kind: str, x: float, y: float, deadline: float, clicks: int = 1) -> None:
+        params: dict[str, Any] = {"type": kind, "x": x, "y": y}
+        if kind != "mouseMoved":
+            params.update(button="left", clickCount=clicks)
+        self.call("Input.dispatchMouseEvent", params, deadline)
+
+    def click(self, x: float, y: float, deadline: float) -> None:
+        self.mouse("mouseMoved", x, y, deadline)
+        self.mouse("mousePressed", x, y, deadline)
+        self.mouse("mouseReleased", x, y, deadline)
+
+    def key(self, key: str, deadline: float, modifiers: int = 0) -> None:
+        """Press and release one key (``keys.py``'s names: Enter, Backspace, a...), with modifier bits."""
+        for params in key_events(key, modifiers):
+            self.call("Input.dispatchKeyEvent", params, deadline)
+
+    def insert_text(self, text: str, deadline: float) -> None:
+        """Type ``text`` as key presses, one character after the other (pipelined, the last one awaited)."""
+        session = self.tab.session
+        ids = [self.cdp.send("Input.dispatchKeyEvent", params, session=session)
+               for ch in text for params in char_events(ch)]
+        for command_id in ids:
+            self.cdp.reply(command_id, "Input.dispatchKeyEvent", deadline)
+

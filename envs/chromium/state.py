@@ -1,0 +1,134 @@
+"""A browser's state as data, taken from one Chromium and brought into another: the ``replay`` fork of a browser.
+
+Owns: ``BrowserState`` (every tab's history and position in it, scroll offsets, the values typed into fields but
+not submitted, the focused field, the cookies, and what the current tab showed: its URL and accessibility tree),
+``capture`` (from a running browser, in the source before its workspace forks), ``restore`` (into a fresh browser
+in the clone: cookies first, then every tab's history loaded again entry by entry, then fields, focus and
+scroll), and the check that the clone shows what the source showed (URL and tree of the current tab), else
+``BrowserStateMismatch`` naming what differs. A page reached by a POST is never posted again: the shop answers
+its POSTs with a redirect, so history holds only the GET that followed; an entry that is still a POST result is
+refused (``BrowserStateUnsupported``) rather than re-sent.
+Must never: hand back a clone that differs from its source without saying so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import field
+from typing import Any
+
+import msgspec
+
+from ..errors import EnvsError
+from .browser import Chromium
+
+# Field values and focus by a path of child indices from <html>: stable for the same document.
+_CAPTURE_FIELDS = """(() => {
+  const path = (el) => { const p = []; for (; el && el.parentElement; el = el.parentElement)
+      p.unshift([...el.parentElement.children].indexOf(el)); return p; };
+  const fields = [...document.querySelectorAll('input, textarea, select')].map((el) => ({
+      path: path(el), value: el.value, checked: !!el.checked,
+      changed: el.value !== (el.defaultValue ?? el.value) || el.checked !== !!el.defaultChecked
+               || (el.tagName === 'SELECT' && [...el.options].some(o => o.selected !== o.defaultSelected)) }))
+    .filter((f) => f.changed);
+  const active = document.activeElement && document.activeElement !== document.body ? path(document.activeElement) : null;
+  return {fields, active, scroll: [window.scrollX, window.scrollY]};
+})()"""
+
+_RESTORE_FIELDS = """((state) => {
+  const at = (p) => { let el = document.documentElement; for (const i of p) { el = el && el.children[i]; } return el; };
+  for (const f of state.fields) { const el = at(f.path); if (!el) return 'no field at ' + JSON.stringify(f.path);
+    el.value = f.value; if ('checked' in el) el.checked = f.checked; }
+  if (state.active) { const el = at(state.active); if (el) el.focus({preventScroll: true}); }
+  window.scrollTo(state.scroll[0], state.scroll[1]);
+  return '';
+})"""
+
+
+class BrowserStateMismatch(EnvsError):
+    """The restored browser does not show what the source showed; the message names the difference."""
+
+
+class BrowserStateUnsupported(EnvsError):
+    """The source's browser is in a state this restore cannot bring about without side effects."""
+
+
+class TabState(msgspec.Struct, frozen=True):
+    urls: list[str]
+    index: int
+    page: dict[str, Any]  # fields, active, scroll of the page shown
+
+
+class BrowserState(msgspec.Struct, frozen=True):
+    tabs: list[TabState]
+    current: int
+    cookies: list[dict[str, Any]]
+    url: str
+    tree: str = field(default="")
+
+
+def capture(browser: Chromium, deadline: float) -> BrowserState:
+    """The state of ``browser`` now (its current tab's tree rendered whole, for the check after a restore)."""
+    cdp = browser.cdp
+    tabs = []
+    for tab in list(browser.tabs):
+        history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=tab.session)
+        entries = history["entries"]
+        for entry in entries:
+            if entry["url"] in tab.posted:
+                raise BrowserStateUnsupported(f"tab {browser.tabs.index(tab)} holds a page reached by a POST "
+                                              f"({entry['url'][:200]}); it cannot be restored without posting again")
+        page = browser.evaluate(_CAPTURE_FIELDS, deadline, session=tab.session) or {}
+        tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=int(history["currentIndex"]), page=page))
+    cookies = cdp.call("Storage.getCookies", deadline=deadline).get("cookies", [])
+    return BrowserState(tabs=tabs, current=browser.current, cookies=cookies, url=browser.url(deadline),
+                        tree=browser.ax_tree(deadline).render())
+
+
+def restore(browser: Chromium, state: BrowserState, deadline: float) -> None:
+    """Bring the freshly started ``browser`` to ``state``; ``BrowserStateMismatch`` if the result differs."""
+    cdp = browser.cdp
+    if state.cookies:
+        cdp.call("Storage.setCookies", {"cookies": [_settable(c) for c in state.cookies]}, deadline=deadline)
+    for i, tab_state in enumerate(state.tabs):
+        if i > 0:
+            browser.new_tab(deadline)
+        browser.current = i
+        for url in tab_state.urls:
+            if url != "about:blank" or len(tab_state.urls) == 1:
+                browser.navigate(url, deadline)
+        back = len(tab_state.urls) - 1 - tab_state.index
+        if back:
+            history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=browser.tab.session)
+            entry = history["entries"][history["currentIndex"] - back]
+            browser.go_to_entry(entry["id"], deadline)
+        if tab_state.page:
+            problem = browser.evaluate(f"{_RESTORE_FIELDS}({json.dumps(tab_state.page)})", deadline)
+            if problem:
+                raise BrowserStateMismatch(f"tab {i}: {problem}")
+    browser.current = state.current
+    check(browser, state, deadline)
+
+
+def check(browser: Chromium, state: BrowserState, deadline: float) -> None:
+    """The restored browser's current tab shows the source's URL and accessibility tree."""
+    url = browser.url(deadline)
+    if url != state.url:
+        raise BrowserStateMismatch(f"the restored tab is at {url[:200]}, the source's was at {state.url[:200]}")
+    tree = browser.ax_tree(deadline).render()
+    if tree != state.tree:
+        mine, theirs = tree.splitlines(), state.tree.splitlines()
+        at = next((k for k, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                  min(len(mine), len(theirs)))
+        raise BrowserStateMismatch(
+            f"the restored page's accessibility tree differs from the source's at line {at + 1}: "
+            f"{(mine[at] if at < len(mine) else '<end>')[:200]!r} against "
+            f"{(theirs[at] if at < len(theirs) else '<end>')[:200]!r}")
+
+
+def _settable(cookie: dict[str, Any]) -> dict[str, Any]:
+    keep = ("name", "value", "domain", "path", "secure", "httpOnly", "sameSite", "expires")
+    out = {k: cookie[k] for k in keep if k in cookie}
+    if out.get("expires", -1) in (-1, 0):
+        out.pop("expires", None)  # a session cookie
+    return out

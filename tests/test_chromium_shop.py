@@ -1,0 +1,132 @@
+"""The web shop through a real Chromium inside real workspaces (``--browser chromium``): Debian's Chromium runs
+as the agent's user in a PID and mount namespace of its own inside the workspace, driven over its DevTools pipe
+by the workspace host; observations are WebArena's accessibility tree, actions real input events; a fork gives the
+clone a Chromium of its own brought to the source's state and checked equal."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from bunshin.envs import ToolCall
+from bunshin.envs.chromium.browser import BINARY
+from bunshin.envs.runtime.image import AGENT_UID
+from bunshin.envs.webshop.suite import WebShopSuite
+
+pytestmark = pytest.mark.asyncio
+
+if not os.path.exists(BINARY):  # CI installs it (scripts/setup.sh); a bare checkout says what is missing
+    pytest.fail(f"Chromium is not installed ({BINARY}): run ./scripts/setup.sh", pytrace=False)
+
+SHOP = "http://127.0.0.1:7770"
+SEARCH = "Search entire store here..."
+
+
+def call(name: str, **args: object) -> ToolCall:
+    return ToolCall(name=name, args=args)
+
+
+async def act(ws, name: str, **args: object):
+    obs = await ws.execute(call(name, **args))
+    assert obs.error is None, obs.error
+    return obs
+
+
+def element(obs, role: str, name: str) -> int:
+    """The id of the first line ``[id] role 'name'`` of an observation."""
+    for line in obs.output.splitlines():
+        text = line.strip()
+        if text.startswith("[") and f"] {role} {name!r}" in text:
+            return int(text[1:text.index("]")])
+    raise AssertionError(f"no {role} {name!r} in:\n{obs.output[:3000]}")
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def chromium_processes() -> list[tuple[int, int, str]]:
+    """(pid, uid, the first word of its command line) of every Chromium process on the machine."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+        except (OSError, IndexError):
+            continue
+        if cmd.endswith("/chromium"):
+            found.append((int(entry.name), uid, cmd))
+    return found
+
+
+async def shop(runtime):
+    suite = WebShopSuite(catalog_size=200, time_scale=0.0, browser="chromium")
+    ws = await runtime.create(suite.app())
+    home = await act(ws, "goto", url=f"{SHOP}/")
+    return suite, ws, home
+
+
+async def test_chromium_observes_the_shop_as_webarena_does(runtime) -> None:
+    _, ws, home = await shop(runtime)
+    header, _, tree = home.output.partition("\n\n")
+    assert header == "Tab 0 (current): Home Page"
+    assert tree.startswith("[1] RootWebArea 'Home Page' focused: True")
+    assert "\t[" in tree  # children indented by tabs
+    assert home.data["url"] == f"{SHOP}/" and home.data["status"] == 200 and home.data["tabs"] == ["Home Page"]
+    assert png_size(home.data["screenshot"]) == (1280, 720)
+    procs = chromium_processes()
+    assert procs and all(uid == AGENT_UID for _, uid, _ in procs), procs  # the agent's user, never root
+    again = await act(ws, "observe")
+    assert again.output == home.output  # ids are stable for a page state
+    await ws.close()
+    assert not chromium_processes()
+
+
+async def test_real_input_navigates_searches_and_goes_back(runtime) -> None:
+    _, ws, home = await shop(runtime)
+    search = element(home, "textbox", SEARCH)
+    results = await act(ws, "type", element_id=search, text="shirt", press_enter_after=True)
+    assert "/catalogsearch/result/" in results.data["url"] and "q=shirt" in results.data["url"]
+    back = await act(ws, "go_back")
+    assert back.data["url"] == f"{SHOP}/"
+    forward = await act(ws, "go_forward")
+    assert forward.data["url"] == results.data["url"]
+    scrolled = await act(ws, "scroll", direction="down")
+    assert scrolled.output != forward.output  # another part of the page is in the viewport
+    missing = await ws.execute(call("click", element_id=999_999))
+    assert missing.error and "no element [999999]" in missing.error  # an error observation, the workspace goes on
+    await act(ws, "observe")
+    await ws.close()
+
+
+async def test_a_fork_brings_the_clone_to_the_source_browser_state(runtime) -> None:
+    _, ws, home = await shop(runtime)
+    cart = await act(ws, "goto", url=f"{SHOP}/checkout/cart/")
+    products = await act(ws, "goto", url=f"{SHOP}/")
+    search = element(products, "textbox", SEARCH)
+    typed = await act(ws, "type", element_id=search, text="unsubmitted words", press_enter_after=False)
+    await act(ws, "new_tab")
+    await act(ws, "goto", url=f"{SHOP}/checkout/cart/")
+    source = await act(ws, "tab_focus", tab_index=0)
+    assert "unsubmitted words" in source.output
+    clone = await ws.fork()
+    try:
+        mine = await act(clone, "observe")
+        assert mine.output == source.output and mine.data["url"] == source.data["url"]
+        assert mine.data["tabs"] == source.data["tabs"] and len(mine.data["tabs"]) == 2
+        back = await act(clone, "go_back")  # the history came along: back leads where the source came from
+        assert back.data["url"] == cart.data["url"]
+        still = await act(ws, "observe")  # the source's browser is untouched
+        assert still.output == source.output
+    finally:
+        await clone.close()
+    assert typed.error is None and home.error is None
+    await ws.close()
+    assert not chromium_processes()
+
