@@ -39,6 +39,7 @@ command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 command -v ps >/dev/null || need+=(procps)
+[ -x /usr/lib/chromium/chromium ] || need+=(chromium fonts-liberation)  # --browser chromium: the browser workspaces run
 if [ ${#need[@]} -gt 0 ]; then
   say "[1/$STEPS] installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -48,7 +49,7 @@ if [ ${#need[@]} -gt 0 ]; then
   rm -f "$apt_log"
   LOG=""
 else
-  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps)"
+  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps, chromium)"
 fi
 
 PY=${PYTHON:-python3}
