@@ -45,9 +45,11 @@ class AxLine:
 
 @dataclass(frozen=True)
 class AxTree:
-    """The printed lines of one page in document order; ``by_id`` for actions."""
+    """The printed lines of one page in document order; ``by_id`` for actions. ``truncated``: why the page's tree
+    was not read whole (it is too large to read within an observation's bounds), else empty."""
 
     lines: tuple[AxLine, ...]
+    truncated: str = ""
 
     @property
     def by_id(self) -> dict[int, AxLine]:

@@ -21,7 +21,7 @@ from typing import Any
 from ..app import AppContext
 from ..errors import EnvsError
 from . import axtree
-from .cdp import CdpError, CdpPipe
+from .cdp import CdpError, CdpPipe, CdpTimeout
 from .keys import char_events, key_events
 
 BINARY = "/usr/lib/chromium/chromium"  # Debian's build; /usr/bin/chromium is a wrapper script reading /etc/chromium.d
@@ -29,6 +29,9 @@ VIEWPORT = (1280, 720)  # WebArena's
 MAX_TABS = 16  # a popup storm beyond it: the newest are closed as they come
 TMPFS_BYTES = 512 << 20  # the browser's /tmp: profile, caches, downloads; charged to the workspace's memory
 LAUNCH_S = 30.0
+MAX_ELEMENTS = 50_000  # a page with more is not read whole (the text browser's bound too)
+PAGE_S = 10.0  # one page's load, at most (the text browser's budget too)
+STOP_MARGIN_S = 1.0  # what is left of a call's deadline to stop a page that would not load and answer
 PROFILE = "/tmp/chromium-profile"
 ENV = {"HOME": "/tmp", "LANG": "en_US.UTF-8", "TZ": "UTC", "PATH": "/usr/bin:/bin",
        "XDG_CONFIG_HOME": "/tmp/.config", "XDG_CACHE_HOME": "/tmp/.cache", "FONTCONFIG_PATH": "/etc/fonts"}
@@ -117,6 +120,7 @@ class Chromium:
         self.started_s = time.monotonic() - started
 
     def _first_tab(self, deadline: float) -> None:
+        self.cdp.call("Browser.setDownloadBehavior", {"behavior": "deny"}, deadline=deadline)  # nothing lands on disk
         self.cdp.call("Target.setDiscoverTargets", {"discover": True}, deadline=deadline)
         self.cdp.call("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False,
                                                 "flatten": True}, deadline=deadline)
@@ -184,7 +188,11 @@ class Chromium:
             ("Page.getFrameTree", {}),
         )]
         for command_id in ids[:-1]:
-            self.cdp.reply(command_id, "attach", deadline)
+            try:
+                self.cdp.reply(command_id, "attach", deadline)
+            except CdpError as exc:  # a popup shares its opener's locale override: it is in effect already
+                if "override is already in effect" not in str(exc):
+                    raise
         tab.frame_id = self.cdp.reply(ids[-1], "Page.getFrameTree", deadline)["frameTree"]["frame"]["id"]
         return tab
 
@@ -255,9 +263,20 @@ class Chromium:
         self.current = len(self.tabs) - 1
 
     # -- pages ----------------------------------------------------------------------------------------------------
-    def call(self, method: str, params: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
-        """``method`` in the current tab's session."""
-        return self.cdp.call(method, params, deadline=deadline, session=self.tab.session)
+    def call(self, method: str, params: dict[str, Any] | None, deadline: float,
+             session: str | None = None) -> dict[str, Any]:
+        """``method`` in the current tab's session (or ``session``), answered within ``PAGE_S`` and never closer to
+        ``deadline`` than ``STOP_MARGIN_S``: a page whose script keeps it from answering (an endless loop, a storm
+        of pop-ups) has that script terminated, and the call is refused."""
+        session = session or self.tab.session
+        started = time.monotonic()
+        limit = max(started, min(started + PAGE_S, deadline - STOP_MARGIN_S))
+        try:
+            return self.cdp.call(method, params, deadline=limit, session=session)
+        except CdpTimeout as exc:
+            self.cdp.send("Runtime.terminateExecution", session=session, forget=True)
+            raise BrowserError(f"the page did not answer {method} within {time.monotonic() - started:.1f} s; its "
+                               f"running script was stopped") from exc
 
     def navigate(self, url: str, deadline: float) -> None:
         """Load ``url`` in the current tab and wait for its load event (an error page counts as loaded)."""
@@ -270,6 +289,8 @@ class Chromium:
             self._wait_load(tab, deadline)
         self._clear_loads(tab)  # this navigation's: ``settle`` after it must not wait for it again
         self._note_documents(tab)
+        if result.get("errorText"):
+            tab.status = 0  # Chromium's own error page ("This site can't be reached"): no answer came
 
     def history_go(self, delta: int, deadline: float) -> bool:
         """Back (-1) or forward (+1) in the current tab's history; False when there is nowhere to go."""
@@ -289,7 +310,7 @@ class Chromium:
     def settle(self, deadline: float, tab: Tab | None = None) -> None:
         """After input: if the page started a navigation, wait until the new page has loaded."""
         tab = tab or self.tab
-        self.cdp.call("Runtime.evaluate", {"expression": "0"}, deadline=deadline, session=tab.session)
+        self.cdp.pump()  # the input's events have come: dispatching it waited for the page to take it
         started = [e for e in self.cdp.take_events("Page.frameRequestedNavigation", tab.session)
                    + self.cdp.take_events("Page.frameStartedLoading", tab.session)
                    if e["params"].get("frameId") == tab.frame_id]
@@ -349,19 +370,32 @@ class Chromium:
             self.cdp.take_events(method, tab.session)
 
     def _wait_load(self, tab: Tab, deadline: float) -> None:
+        """Until the tab's page fired its load event, at most ``PAGE_S`` and never closer to ``deadline`` than
+        ``STOP_MARGIN_S``; a page still loading then has its loading stopped and its running script terminated (an
+        endless loop would keep the page from answering anything else), and the action is refused."""
+        started = time.monotonic()
+        limit = min(started + PAGE_S, deadline - STOP_MARGIN_S)
         while True:
             try:
-                event = self.cdp.wait_event("Page.lifecycleEvent", deadline, session=tab.session)
-            except CdpError as exc:
-                raise BrowserError(f"the page did not finish loading: {exc}") from exc
+                event = self.cdp.wait_event("Page.lifecycleEvent", limit, session=tab.session)
+            except CdpTimeout as exc:
+                self.cdp.send("Runtime.terminateExecution", session=tab.session, forget=True)
+                self.cdp.send("Page.stopLoading", session=tab.session, forget=True)
+                raise BrowserError(f"the page did not finish loading within {time.monotonic() - started:.1f} s "
+                                   f"(the browser's time for one page); its scripts were stopped and the page left "
+                                   f"as it was") from exc
             if event["params"].get("frameId") == tab.frame_id and event["params"].get("name") == "load":
                 return
 
     def evaluate(self, expression: str, deadline: float, *, session: str | None = None) -> Any:
         """The value of ``expression`` in the page (``returnByValue``); a thrown error is a ``BrowserError``."""
-        result = self.cdp.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                    "awaitPromise": True, "timeout": 5000},
-                               deadline=deadline, session=session or self.tab.session)
+        params = {"expression": expression, "returnByValue": True, "awaitPromise": True, "timeout": 5000}
+        try:
+            result = self.call("Runtime.evaluate", params, deadline, session=session)
+        except CdpError as exc:  # right after a script was terminated, V8 refuses one evaluation
+            if "Internal error" not in str(exc):
+                raise
+            result = self.call("Runtime.evaluate", params, deadline, session=session)
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
             text = details.get("exception", {}).get("description") or details.get("text", "")
@@ -378,8 +412,18 @@ class Chromium:
 
     # -- observing ------------------------------------------------------------------------------------------------
     def ax_tree(self, deadline: float) -> axtree.AxTree:
-        """The current tab's accessibility tree (main frame), with each node's layout box."""
+        """The current tab's accessibility tree (main frame), with each node's layout box; a page with more than
+        ``MAX_ELEMENTS`` elements is not read (Chromium would take tens of seconds to build it, and the host would
+        hold it): its tree is the root alone, ``truncated`` saying why."""
         tab = self.tab
+        count = self.evaluate("document.getElementsByTagName('*').length", min(deadline, time.monotonic() + 5))
+        if isinstance(count, int) and count > MAX_ELEMENTS:
+            title = self.titles(deadline)[self.current] if self.tabs else ""
+            root = axtree.AxLine(node_id=1, role="RootWebArea", name=title, depth=0,
+                                 text=f"[1] RootWebArea {title!r}", backend_id=None, box=None)
+            tab.last_tree = axtree.AxTree(lines=(root,), truncated=f"it has {count:,} elements, more than "
+                                                                   f"{MAX_ELEMENTS:,}")
+            return tab.last_tree
         snapshot_id = self.cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": [], "includeDOMRects": True},
                                     session=tab.session)
         tree_id = self.cdp.send("Accessibility.getFullAXTree", {}, session=tab.session)

@@ -8,7 +8,8 @@ Why not Playwright (what WebArena and BrowserGym drive Chromium with): its Node 
 (measured, issue 24), one per workspace would dwarf what forks share, and one for the whole machine would put every
 workspace's page traffic (accessibility trees of any size, screenshots) on the engine's event loop, outside the
 workspace's memory and CPU limits. The protocol over a pipe needs only this.
-Must never: block past a deadline, or grow without bound on what a page sends.
+Must never: block past a deadline, or grow without bound on what a page sends (a message over the bound is
+dropped as it streams in; the command it answered fails, the connection goes on).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class CdpTimeout(CdpError):
     """A command or an awaited event did not come before its deadline."""
 
 
+class MessageTooLarge(CdpError):
+    """The browser's answer (or event) was over the bound; it is dropped, the connection goes on."""
+
+
 class BrowserGone(CdpError):
     """The browser closed its end of the pipe (it exited or was killed)."""
 
@@ -56,6 +61,7 @@ class CdpPipe:
         self._selector = selectors.DefaultSelector()
         self._selector.register(read_fd, selectors.EVENT_READ)
         self._buffer = bytearray()
+        self._discarding = False  # inside a message over max_message: dropped up to its end
         self._next_id = 0
         self._replies: dict[int, dict[str, Any]] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
@@ -146,21 +152,25 @@ class CdpPipe:
         start = 0
         end = chunk.find(b"\0")
         while end >= 0:
-            self._buffer += chunk[start:end]
-            self._accept(bytes(self._buffer), what)
+            if self._discarding:  # the end of a message too large to keep
+                self._discarding = False
+            else:
+                self._buffer += chunk[start:end]
+                self._accept(bytes(self._buffer), what)
             self._buffer.clear()
             start = end + 1
             end = chunk.find(b"\0", start)
+        if self._discarding:
+            return
         self._buffer += chunk[start:]
         if len(self._buffer) > self.max_message:
-            self.close()
-            raise CdpError(f"{what}: a message from the browser is over {self.max_message} bytes: refused "
-                           f"(the connection is dropped)")
+            self._buffer.clear()
+            self._discarding = True  # the rest of this message is dropped as it comes, up to its end
+            raise MessageTooLarge(f"{what}: a message from the browser is over {self.max_message} bytes: refused")
 
     def _accept(self, raw: bytes, what: str) -> None:
         if len(raw) > self.max_message:
-            self.close()
-            raise CdpError(f"{what}: a message from the browser is over {self.max_message} bytes: refused")
+            raise MessageTooLarge(f"{what}: a message from the browser is over {self.max_message} bytes: refused")
         try:
             message = self._decoder.decode(raw)
         except msgspec.DecodeError as exc:

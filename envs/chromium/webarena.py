@@ -159,6 +159,9 @@ class WebArenaPages:
         text = f"{header}\n\n{tree.render((x, y, *c.viewport))}"
         data: dict[str, Any] = {"url": c.url(deadline), "title": titles[c.current] if titles else "",
                                 "tabs": titles, "tab_index": c.current, "status": tab.status}
+        if tree.truncated:
+            text += f"\n[page truncated: {tree.truncated}; only the part before it is shown]"
+            data["truncated"] = tree.truncated
         if self.screenshots:
             data["screenshot"] = c.screenshot(deadline)
         return Observation(output=text, data=data)

@@ -119,8 +119,17 @@ class ShopApp(WorkspaceApp):
         tools.update({"observe": self._observe, "_start": self._start, "_element": self._element,
                       "_page_text": self._page_text, "_shop_json": self._shop_json,
                       "_url": lambda a: Observation(output=self.browser.current_url()),
-                      "_latency": lambda a: Observation(data=self.latency.state())})
+                      "_latency": lambda a: Observation(data=self.latency.state()),
+                      "_browser": self._browser_state})
         return tools
+
+    def _browser_state(self, args: dict[str, Any]) -> Observation:
+        """Which browser this workspace has and, for Chromium, what its last fork cost (starting one, restoring)."""
+        data: dict[str, Any] = {"browser": self.browser_kind}
+        if isinstance(self.browser, ChromiumShopBrowser):
+            data.update(launch_s=self.browser.launch_s, restore_s=self.browser.restore_s,
+                        started_s=self.browser.chromium.started_s)
+        return Observation(data=data)
 
     def _action(self, verb: str) -> Tool:
         def act(args: dict[str, Any]) -> Observation:

@@ -32,7 +32,7 @@ class ChromiumShopBrowser:
         self.chromium = Chromium(ctx, merge_memory=merge_memory)
         self.pages = WebArenaPages(self.chromium, start_url, screenshots=screenshots)
         self.saved: browser_state.BrowserState | None = None  # taken before a fork, restored in the clone
-        self.restore_s = 0.0
+        self.launch_s = self.restore_s = 0.0  # the last fork's: starting a Chromium, bringing it to the state
 
     def start(self) -> None:
         self.chromium.start(self._deadline(CALL_S))
@@ -87,9 +87,10 @@ class ChromiumShopBrowser:
         self.pages = WebArenaPages(self.chromium, self.start_url, screenshots=self.screenshots)
         deadline = self._deadline(FORK_S)
         self.chromium.start(deadline)
+        launched = time.monotonic()
         if self.saved is not None:
             browser_state.restore(self.chromium, self.saved, deadline)
-        self.restore_s = time.monotonic() - started
+        self.launch_s, self.restore_s = launched - started, time.monotonic() - launched
 
     def suspend(self) -> None:
         """In a snapshot: the source's browser is not ours."""
