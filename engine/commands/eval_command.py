@@ -134,7 +134,12 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     async with engine_cm as engine:
         ids = None
         if tasks_file is not None:
-            ids = [line.strip() for line in tasks_file.read_text().splitlines() if line.strip()]
+            try:
+                text = tasks_file.read_text()
+            except OSError as exc:
+                raise CommandError(f"--tasks {tasks_file}: cannot read the file of task ids ({exc.strerror}); it "
+                                   f"lists task ids one a line (--limit N takes the first N tasks)") from exc
+            ids = [line.strip() for line in text.splitlines() if line.strip()]
             unknown = [i for i in ids if i not in engine.tasks]
             if unknown:
                 raise CommandError(f"{tasks_file}: unknown task ids {unknown[:5]} for suite {suite.name}")
