@@ -74,6 +74,21 @@ def _docker() -> Check:
     return Check("docker daemon", "200 OK" in answer, answer.splitlines()[0] if answer else "no answer")
 
 
+CHROMIUM = "/usr/lib/chromium/chromium"
+
+
+def _chromium() -> Check:
+    """Debian's Chromium, which ``--browser chromium`` runs in every workspace (its version, read from the binary's
+    own ``--version`` in a throw-away child with a timeout)."""
+    if not os.path.exists(CHROMIUM):
+        return Check("chromium", False, f"{CHROMIUM} missing (apt-get install chromium; scripts/setup.sh does)")
+    try:
+        done = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("chromium", False, f"{CHROMIUM} --version: {exc}")
+    return Check("chromium", done.returncode == 0, done.stdout.strip() or done.stderr.strip()[:200])
+
+
 def diagnose() -> Report:
     report = Report()
     add = report.checks.append
@@ -103,6 +118,7 @@ def diagnose() -> Report:
     kmod = kmod_probe.probe()
     add(Check("bunshin kernel module", kmod.can_load, kmod.detail))
     add(_docker())
+    add(_chromium())
     release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
     add(Check("pidfd setns", release >= (5, 8), f"kernel {os.uname().release} (workers enter clones by pidfd)"))
     add(Check("open_tree", release >= (5, 2), "detached pool mount for overlay layers"))
@@ -113,4 +129,10 @@ def diagnose() -> Report:
     verdict = (not missing, "ready" if not missing else "missing: " + ", ".join(missing))
     report.backends["cow"] = verdict
     report.backends["restore"] = verdict
+    # What neither backend can carry (a browser's processes: threads, a GPU process, sockets to its children) is
+    # forked by replay, whichever backend runs: the clone starts its own and is brought to the source's state
+    browser = verdict[0] and report.ok("chromium")
+    add(Check("browser fork: replay", browser, "a clone's Chromium is started fresh and brought to its source's "
+              "state (tabs, history, cookies, typed text, focus, scroll), checked equal" if browser
+              else "needs a fork backend and chromium"))
     return report
