@@ -16,6 +16,8 @@ from bunshin.envs.chromium.browser import BINARY
 from bunshin.envs.runtime.image import AGENT_UID
 from bunshin.envs.webshop.suite import WebShopSuite
 
+from .shop_server import CATALOG_SIZE, PRODUCTS, product_url
+
 pytestmark = pytest.mark.asyncio
 
 if not os.path.exists(BINARY):  # CI installs it (scripts/setup.sh); a bare checkout says what is missing
@@ -130,3 +132,50 @@ async def test_a_fork_brings_the_clone_to_the_source_browser_state(runtime) -> N
     await ws.close()
     assert not chromium_processes()
 
+
+
+async def test_a_fork_carries_the_cart_cookie_and_never_posts_again(runtime) -> None:
+    suite = WebShopSuite(catalog_size=CATALOG_SIZE, time_scale=0.0, browser="chromium")
+    ws = await runtime.create(suite.app())
+    await act(ws, "goto", url=f"{SHOP}{product_url(3)}")
+    button = await act(ws, "_element", target="@button 'Add to Cart'")  # below the viewport: found in the whole tree
+    cart = await act(ws, "click", element_id=button.data["element_id"])  # POST, then the cart (GET)
+    assert cart.data["url"] == f"{SHOP}/checkout/cart/" and PRODUCTS[3].name in cart.output
+    clone = await ws.fork()
+    try:
+        mine = await act(clone, "observe")
+        assert mine.output == cart.output  # the session cookie came along: the server's forked cart is shown
+        again = await act(clone, "goto", url=f"{SHOP}/checkout/cart/")
+        assert again.output == cart.output  # one of it in the cart: nothing was posted a second time
+        back = await act(clone, "go_back")
+        assert back.data["url"] == f"{SHOP}{product_url(3)}"
+    finally:
+        await clone.close()
+    await ws.close()
+
+
+async def test_a_post_answer_is_served_to_the_clone_and_one_further_back_refuses_the_fork(runtime) -> None:
+    suite = WebShopSuite(catalog_size=CATALOG_SIZE, time_scale=0.0, browser="chromium")
+    ws = await runtime.create(suite.app())
+    await act(ws, "goto", url=f"{SHOP}{product_url(5)}")
+    add = await act(ws, "_element", target="@button 'Add to Cart'")
+    await act(ws, "click", element_id=add.data["element_id"])
+    await act(ws, "goto", url=f"{SHOP}/checkout/")
+    button = await act(ws, "_element", target="@button 'Place Order'")
+    answer = await act(ws, "click", element_id=button.data["element_id"])  # POST, answered 200
+    assert "/checkout/placeorder" in answer.data["url"] and answer.data["status"] == 200
+    clone = await ws.fork()
+    try:
+        mine = await act(clone, "observe")
+        assert mine.output == answer.output and mine.data["url"] == answer.data["url"]
+        back = await act(clone, "go_back")
+        assert back.data["url"] == f"{SHOP}/checkout/"
+    finally:
+        await clone.close()
+    await act(ws, "goto", url=f"{SHOP}/")  # the POST's answer is now further back in history
+    with pytest.raises(Exception, match="BrowserStateUnsupported|going back to it would post again"):
+        await ws.fork()
+    still = await act(ws, "observe")  # the source goes on
+    assert still.data["url"] == f"{SHOP}/"
+    await ws.close()
+    assert not chromium_processes()

@@ -31,7 +31,8 @@ TMPFS_BYTES = 512 << 20  # the browser's /tmp: profile, caches, downloads; charg
 LAUNCH_S = 30.0
 MAX_ELEMENTS = 50_000  # a page with more is not read whole (the text browser's bound too)
 PAGE_S = 10.0  # one page's load, at most (the text browser's budget too)
-STOP_MARGIN_S = 1.0  # what is left of a call's deadline to stop a page that would not load and answer
+STOP_MARGIN_S = 1.0
+SETTLE_PROBE_S = 1.0  # what is left of a call's deadline to stop a page that would not load and answer
 PROFILE = "/tmp/chromium-profile"
 ENV = {"HOME": "/tmp", "LANG": "en_US.UTF-8", "TZ": "UTC", "PATH": "/usr/bin:/bin",
        "XDG_CONFIG_HOME": "/tmp/.config", "XDG_CACHE_HOME": "/tmp/.cache", "FONTCONFIG_PATH": "/etc/fonts"}
@@ -58,7 +59,7 @@ def flags(viewport: tuple[int, int]) -> list[str]:
 
 KEPT_EVENTS = frozenset({"Target.attachedToTarget", "Target.targetDestroyed", "Page.lifecycleEvent",
                          "Page.frameRequestedNavigation", "Page.frameStartedLoading", "Network.requestWillBeSent",
-                         "Network.responseReceived"})
+                         "Network.responseReceived", "Fetch.requestPaused"})
 
 
 class BrowserError(EnvsError):
@@ -292,6 +293,28 @@ class Chromium:
         if result.get("errorText"):
             tab.status = 0  # Chromium's own error page ("This site can't be reached"): no answer came
 
+    def navigate_served(self, url: str, document: str, deadline: float) -> None:
+        """Load ``url`` in the current tab with ``document`` as its answer, intercepted before it leaves the browser
+        (nothing reaches the server; the page's own resources load as usual)."""
+        tab = self.tab
+        self._clear_loads(tab)
+        self.call("Fetch.enable", {"patterns": [{"urlPattern": url, "requestStage": "Request"}]}, deadline)
+        try:
+            navigating = self.cdp.send("Page.navigate", {"url": url}, session=tab.session)
+            paused = self.cdp.wait_event("Fetch.requestPaused", deadline, session=tab.session)
+            body = base64.b64encode(document.encode()).decode()
+            self.call("Fetch.fulfillRequest", {"requestId": paused["params"]["requestId"], "responseCode": 200,
+                                               "responseHeaders": [{"name": "Content-Type",
+                                                                    "value": "text/html; charset=utf-8"}],
+                                               "body": body}, deadline)
+            self.cdp.reply(navigating, "Page.navigate", deadline)
+            self._wait_load(tab, deadline)
+        finally:
+            self.call("Fetch.disable", {}, deadline)
+        self._clear_loads(tab)
+        self._note_documents(tab)
+        tab.posted.add(url)  # still a POST's answer: a fork of this clone serves it the same way
+
     def history_go(self, delta: int, deadline: float) -> bool:
         """Back (-1) or forward (+1) in the current tab's history; False when there is nowhere to go."""
         history = self.cdp.call("Page.getNavigationHistory", deadline=deadline, session=self.tab.session)
@@ -310,7 +333,11 @@ class Chromium:
     def settle(self, deadline: float, tab: Tab | None = None) -> None:
         """After input: if the page started a navigation, wait until the new page has loaded."""
         tab = tab or self.tab
-        self.cdp.pump()  # the input's events have come: dispatching it waited for the page to take it
+        # a round trip through the page's main thread: a form the input submitted has asked to navigate by then (a
+        # page busy in a script does not answer: what it started is seen below, and the next call bounds it)
+        with contextlib.suppress(CdpTimeout):
+            self.cdp.call("Runtime.evaluate", {"expression": "0"}, session=tab.session,
+                          deadline=min(deadline - STOP_MARGIN_S, time.monotonic() + SETTLE_PROBE_S))
         started = [e for e in self.cdp.take_events("Page.frameRequestedNavigation", tab.session)
                    + self.cdp.take_events("Page.frameStartedLoading", tab.session)
                    if e["params"].get("frameId") == tab.frame_id]

@@ -6,8 +6,10 @@ not submitted, the focused field, the cookies, and what the current tab showed: 
 in the clone: cookies first, then every tab's history loaded again entry by entry, then fields, focus and
 scroll), and the check that the clone shows what the source showed (URL and tree of the current tab), else
 ``BrowserStateMismatch`` naming what differs. A page reached by a POST is never posted again: the shop answers
-its POSTs with a redirect, so history holds only the GET that followed; an entry that is still a POST result is
-refused (``BrowserStateUnsupported``) rather than re-sent.
+its POSTs with a redirect, so history mostly holds the GET that followed; the page shown when it is a POST's answer
+(a form sent back with its errors) is served to the clone's browser from what the source showed (its document as it stands, through Chromium's request
+interception: the URL is the source's, nothing reaches the server); one further back in history is refused
+(``BrowserStateUnsupported``): going back to it would post again.
 Must never: hand back a clone that differs from its source without saying so.
 """
 
@@ -45,6 +47,10 @@ _RESTORE_FIELDS = """((state) => {
 })"""
 
 
+_DOCUMENT = ("(document.doctype ? '<!DOCTYPE ' + document.doctype.name + '>' : '') "
+             "+ document.documentElement.outerHTML")
+
+
 class BrowserStateMismatch(EnvsError):
     """The restored browser does not show what the source showed; the message names the difference."""
 
@@ -57,6 +63,7 @@ class TabState(msgspec.Struct, frozen=True):
     urls: list[str]
     index: int
     page: dict[str, Any]  # fields, active, scroll of the page shown
+    served: dict[int, str] = {}  # history index -> the document of a POST's answer, served instead of posting again
 
 
 class BrowserState(msgspec.Struct, frozen=True):
@@ -73,13 +80,18 @@ def capture(browser: Chromium, deadline: float) -> BrowserState:
     tabs = []
     for tab in list(browser.tabs):
         history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=tab.session)
-        entries = history["entries"]
-        for entry in entries:
-            if entry["url"] in tab.posted:
-                raise BrowserStateUnsupported(f"tab {browser.tabs.index(tab)} holds a page reached by a POST "
-                                              f"({entry['url'][:200]}); it cannot be restored without posting again")
+        entries, current = history["entries"], int(history["currentIndex"])
+        served: dict[int, str] = {}
+        for k, entry in enumerate(entries):
+            if entry["url"] not in tab.posted:
+                continue
+            if k != current:
+                raise BrowserStateUnsupported(
+                    f"tab {browser.tabs.index(tab)} has a page reached by a POST in its history "
+                    f"({entry['url'][:200]}); going back to it would post again, so it cannot be restored")
+            served[k] = str(browser.evaluate(_DOCUMENT, deadline, session=tab.session))
         page = browser.evaluate(_CAPTURE_FIELDS, deadline, session=tab.session) or {}
-        tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=int(history["currentIndex"]), page=page))
+        tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=current, page=page, served=served))
     cookies = cdp.call("Storage.getCookies", deadline=deadline).get("cookies", [])
     return BrowserState(tabs=tabs, current=browser.current, cookies=cookies, url=browser.url(deadline),
                         tree=browser.ax_tree(deadline).render())
@@ -94,8 +106,10 @@ def restore(browser: Chromium, state: BrowserState, deadline: float) -> None:
         if i > 0:
             browser.new_tab(deadline)
         browser.current = i
-        for url in tab_state.urls:
-            if url != "about:blank" or len(tab_state.urls) == 1:
+        for k, url in enumerate(tab_state.urls):
+            if k in tab_state.served:
+                browser.navigate_served(url, tab_state.served[k], deadline)
+            elif url != "about:blank" or len(tab_state.urls) == 1:
                 browser.navigate(url, deadline)
         back = len(tab_state.urls) - 1 - tab_state.index
         if back:
