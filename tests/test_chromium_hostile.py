@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bunshin.envs import ToolCall, WorkspaceRuntime
-from bunshin.envs.chromium.browser import PAGE_S
+from bunshin.envs.chromium.browser import MAX_TABS, OPEN_LIMIT, PAGE_S
 
 from .conftest import leftovers
 from .quiet import settled
@@ -106,3 +106,19 @@ async def test_an_engine_killed_leaves_no_chromium(state_dir: Path) -> None:
         assert leftovers(run_id, Path(run_dir_text), ignore=frozenset({rt.nursery.pid})) == []
     finally:
         await rt.close()
+
+
+async def test_a_popup_storm_opens_a_few_windows_and_the_workspace_goes_on(runtime) -> None:
+    _, ws, _ = await shop(runtime)
+    script = ("open('storm.html', 'w').write('<title>Storm</title><button onclick=\"for (let i = 0; i < 200; i++) "
+              "window.open(\\'/p\\' + i)\">storm</button>')")
+    site = await serve_site(ws, script)
+    page = await act(ws, "goto", url=f"{site}/storm.html")
+    button = next(int(line.strip()[1:line.strip().index("]")]) for line in page.output.splitlines()
+                  if "button 'storm'" in line)
+    obs, took = await timed(ws, "click", element_id=button)
+    assert obs.error is None and took < PAGE_S, (took, obs.error)
+    assert 1 < len(obs.data["tabs"]) <= 1 + OPEN_LIMIT <= MAX_TABS, obs.data["tabs"]
+    await act(ws, "tab_focus", tab_index=0)
+    await still_serves(ws)
+    await ws.close()

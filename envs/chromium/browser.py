@@ -57,6 +57,11 @@ def flags(viewport: tuple[int, int]) -> list[str]:
     ]
 
 
+# A page may open a few windows of its own; past that ``window.open`` answers null, as a pop-up blocker does (a
+# loop of thousands would keep the renderer busy creating windows long after every call's bound)
+OPEN_LIMIT = 4
+_OPEN_LIMIT = f"""(() => {{ const open = window.open; let opened = 0;
+  window.open = function (...args) {{ return ++opened > {OPEN_LIMIT} ? null : open.apply(this, args); }}; }})()"""
 KEPT_EVENTS = frozenset({"Target.attachedToTarget", "Target.targetDestroyed", "Page.lifecycleEvent",
                          "Page.frameRequestedNavigation", "Page.frameStartedLoading", "Network.requestWillBeSent",
                          "Network.responseReceived", "Fetch.requestPaused"})
@@ -152,6 +157,10 @@ class Chromium:
     def _on_event(self, event: dict[str, Any]) -> None:
         """A page's alert, confirm or prompt is dismissed as it opens (it would block the page's scripts and our
         evaluations; WebArena's Playwright dismisses them the same way)."""
+        if event.get("method") == "Target.attachedToTarget" and self.pipe is not None:
+            # a new page (a pop-up) waits for its debugger before it runs, whatever auto-attach asked, and its opener
+            # waits for it: let it run at once (Playwright does the same)
+            self.pipe.send("Runtime.runIfWaitingForDebugger", session=event["params"]["sessionId"], forget=True)
         if event.get("method") == "Page.javascriptDialogOpening" and self.pipe is not None:
             self.dialogs += 1
             self.pipe.send("Page.handleJavaScriptDialog", {"accept": False}, session=event.get("sessionId"),
@@ -186,6 +195,7 @@ class Chromium:
             ("Emulation.setTimezoneOverride", {"timezoneId": "UTC"}),
             ("Emulation.setLocaleOverride", {"locale": "en-US"}),
             ("Emulation.setFocusEmulationEnabled", {"enabled": True}),  # as Playwright: the page has the focus
+            ("Page.addScriptToEvaluateOnNewDocument", {"source": _OPEN_LIMIT, "runImmediately": True}),
             ("Page.getFrameTree", {}),
         )]
         for command_id in ids[:-1]:
