@@ -45,7 +45,9 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt_log=$(mktemp /tmp/bunshin-setup-apt.XXXXXX)
   LOG=$apt_log
-  { apt-get update -qq && apt-get install -y -qq "${need[@]}"; } >"$apt_log" 2>&1 || fail "apt-get install ${need[*]}"
+  # No recommends: a workspace still sees the host's /usr (issue 25 gives it its own), and chromium's recommends
+  # bring xrandr and printing tools, which would make the desktop suite's infeasible tasks look feasible.
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$apt_log" 2>&1 || fail "apt-get install ${need[*]}"
   rm -f "$apt_log"
   LOG=""
 else

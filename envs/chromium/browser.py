@@ -260,7 +260,7 @@ class Chromium:
         if not 0 <= index < len(self.tabs):
             raise BrowserError(f"there is no tab {index} (tabs 0 to {len(self.tabs) - 1})")
         self.current = index
-        self.cdp.call("Target.activateTarget", {"targetId": self.tabs[index].target_id}, deadline=deadline)
+        self.call("Page.bringToFront", {}, deadline)
 
     def close_tab(self, deadline: float) -> None:
         """Close the current tab; the last one left gets the focus (a new blank one if none is left)."""
@@ -475,6 +475,9 @@ class Chromium:
 
     def screenshot(self, deadline: float) -> bytes:
         """The current tab's viewport as PNG bytes."""
+        # Headless Chromium composites no frame for a tab in the background, and a capture of one waits for a
+        # frame forever: the tab is brought to the front first (it is the agent's current tab anyway).
+        self.call("Page.bringToFront", {}, deadline)
         data = self.call("Page.captureScreenshot", {"format": "png"}, deadline)["data"]
         return base64.b64decode(data)
 
