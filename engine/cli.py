@@ -20,6 +20,7 @@ from bunshin.envs.runtime.fork.registry import BACKENDS
 from . import event_loop
 from .commands.flags import (
     DEFAULT,
+    browser_argument,
     budget_of,
     knob,
     make_suite,
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--concurrency", type=int, default=8)
     rp.add_argument("--catalog-size", type=int, help="web shop: as the recording was made")
     rp.add_argument("--set", type=knob, action="append", default=[], metavar="KNOB=VALUE")
+    browser_argument(rp)
     rp.add_argument("--json", type=Path, help="write the comparison as JSON here")
 
     suite = sub.add_parser("suite", help="the embedded task suites")

@@ -235,3 +235,40 @@ def test_eval_speculates_and_summarises(tmp_path: Path) -> None:
                                       for line in (out / "trajectories.jsonl").read_text().splitlines())
     assert "| top-1 | top-k |" in proc.stdout and "| executed steps |" in proc.stdout
     assert host_processes() == []
+
+
+def test_browser_flag_sets_the_suites_browser_knob_and_is_refused_without_a_browser(tmp_path: Path,
+                                                                                   capsys) -> None:
+    """``--browser`` on every command that takes a suite is the suite's ``browser`` knob (left out: the suite's own
+    default, text); a suite without a browser (desktop) refuses it with a ``CommandError`` naming the flag, and so
+    does a ``--set browser=`` that says otherwise."""
+    import pytest
+
+    from bunshin.engine import cli
+    from bunshin.engine.commands.flags import make_suite
+    from bunshin.engine.errors import CommandError
+
+    suite_commands = [EVAL, ("suite", "check", "--suite", "webshop"), ("bench", "memory", "--suite", "webshop"),
+                      ("bench", "sharing", "--suite", "webshop"), ("bench", "selector", "--suite", "webshop"),
+                      ("bench", "scale", "--suite", "webshop"), ("bench", "epoch", "--suite", "webshop")]
+    for argv in suite_commands:
+        assert make_suite(parse(*argv)).knobs.get("browser", "text") == "text", argv  # the default
+        suite = make_suite(parse(*argv, "--browser", "chromium"))
+        assert suite.app().kwargs["browser"] == "chromium" and suite.knobs["browser"] == "chromium", argv
+        assert make_suite(parse(*argv, "--browser", "text")).app().kwargs.get("browser", "text") == "text", argv
+    replay = parse("replay", str(tmp_path / "t.jsonl"), "--browser", "chromium")
+    replay.suite = "webshop"  # main takes it from the recording
+    assert make_suite(replay).app().kwargs["browser"] == "chromium"
+    with pytest.raises(SystemExit) as exc:
+        parse(*EVAL, "--browser", "firefox")
+    assert exc.value.code == 2 and "--browser: invalid choice: 'firefox'" in capsys.readouterr().err
+    for argv in [("eval", "--suite", "desktop", "--out", "/tmp/never", "--browser", "chromium"),
+                 ("suite", "check", "--suite", "desktop", "--browser", "text")]:
+        with pytest.raises(CommandError, match=r"--browser \w+: suite desktop has no browser"):
+            make_suite(parse(*argv))
+    with pytest.raises(CommandError, match="--browser chromium and --set browser=text disagree"):
+        make_suite(parse(*EVAL, "--browser", "chromium", "--set", "browser=text"))
+    # through main: the refusal is the command's message and status, before any workspace starts
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["suite", "check", "--suite", "desktop", "--browser", "chromium"])
+    assert "--browser chromium: suite desktop has no browser" in str(exc.value.code)

@@ -1,5 +1,5 @@
 """The flags several commands share, and what they mean: sizes and budgets, the suite and its knobs (``--suite``,
-``--set``, ``--catalog-size``), the prefix cache's and speculation's flags as settings objects.
+``--set``, ``--catalog-size``, ``--browser``), the prefix cache's and speculation's flags as settings objects.
 
 Owns: parsing those flags' values, adding the suite's and speculation's flags to a parser, and turning the parsed
 arguments into a suite, ``PrefixSettings`` and ``SpecSettings``; a flag refused here is an ``ArgumentRefused`` (a
@@ -10,6 +10,7 @@ Must never: exit (``cli.main`` alone turns a refusal into an exit status), or ru
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -78,6 +79,18 @@ def suite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog-size", type=int, help="web shop: products in the catalog (default 20000)")
     parser.add_argument("--set", type=knob, action="append", default=[], metavar="KNOB=VALUE",
                         help="another keyword argument of the suite (e.g. image_px=48, cache_mb=120)")
+    browser_argument(parser)
+
+
+BROWSERS = ("text", "chromium")
+
+
+def browser_argument(parser: argparse.ArgumentParser) -> None:
+    """``--browser``: the suite's ``browser`` knob. Left out (None), the suite keeps its own default (text); a
+    suite without a browser refuses it in ``make_suite``."""
+    parser.add_argument("--browser", choices=BROWSERS, default=None,
+                        help="web shop: the browser in every workspace: text (the embedded text browser, fast; the "
+                             "default) or chromium (Debian's Chromium, real input events; docs/chromium.md)")
 
 
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
@@ -88,7 +101,7 @@ def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
 
 
 def make_suite(args: argparse.Namespace) -> Suite:
-    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``)."""
+    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``, ``--browser``)."""
     from bunshin.envs.suites.registry import get_suite
 
     knobs = dict(args.set)
@@ -96,10 +109,24 @@ def make_suite(args: argparse.Namespace) -> Suite:
         if args.suite != "webshop":
             raise CommandError("--catalog-size is a web shop knob")
         knobs["catalog_size"] = args.catalog_size
+    browser = getattr(args, "browser", None)
+    if browser is not None:
+        if not has_browser(args.suite):
+            raise CommandError(f"--browser {browser}: suite {args.suite} has no browser (a web shop flag)")
+        if knobs.get("browser", browser) != browser:
+            raise CommandError(f"--browser {browser} and --set browser={knobs['browser']} disagree")
+        knobs["browser"] = browser
     try:
         return get_suite(args.suite, **knobs)
     except (TypeError, ValueError) as exc:
         raise CommandError(f"bad knob for suite {args.suite}: {exc}") from exc
+
+
+def has_browser(suite: str) -> bool:
+    """Whether suite ``suite`` has a ``browser`` knob (its constructor takes one; the class is read, not built)."""
+    from bunshin.envs.suites.registry import suite_class
+
+    return "browser" in inspect.signature(suite_class(suite)).parameters
 
 
 class Budgets(TypedDict, total=False):
