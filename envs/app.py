@@ -115,6 +115,16 @@ def _adopt_heap(size: int, buffer: Any) -> HugeHeap:
 
 
 @dataclass
+class Lending:
+    """What a warm-pool slot's app hands over (``WorkspaceApp.lend``: descriptor numbers of its own and data), and
+    what the clone that took the slot finds in ``ctx.borrowed`` before its ``after_fork`` (the same names, the
+    clone's own copies of the descriptors, the same data)."""
+
+    fds: dict[str, int]
+    data: dict[str, Any]
+
+
+@dataclass
 class AppContext:
     """What the runtime hands an application. ``rng`` and the global ``random`` are reseeded in every clone."""
 
@@ -130,6 +140,8 @@ class AppContext:
     in_clones: list[Callable[[], None]] = field(default_factory=list)
     # when the call being served must have answered (time.monotonic()); the host sets it before every tool call
     deadline: float = math.inf
+    # in a running clone that took a warm-pool slot, during ``after_fork``: what the slot's app lent (else None)
+    borrowed: Lending | None = None
 
     def launch(self, name: str, argv: list[str], **options: Any) -> Any:
         """Start a long-lived program in the workspace as the agent user (a browser, a display server):
@@ -215,6 +227,12 @@ class WorkspaceApp:
 
     def after_fork(self, ctx: AppContext) -> None:
         """Runs in the clone after the runtime re-opened files, re-created sockets and reseeded random state."""
+
+    def lend(self, ctx: AppContext) -> Lending:
+        """A warm-pool slot's app (``AppSpec.warm`` names it): hand over what it started ahead (a browser's pipe)
+        to the clone about to take the slot. Called at most once; the app never touches what it lent again (the
+        slot lives on, unused, until the clone closes)."""
+        raise ToolError(f"{type(self).__name__} has nothing to lend: it is not a warm-pool slot's app")
 
     def checkpoint(self) -> bytes | list[Any]:
         """The host process's state for the private-restore backend (the CRIU-like baseline), called after

@@ -61,6 +61,9 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     target: str = "bunshin.envs.app:WorkspaceApp"
     kwargs: dict[str, Any] = {}
+    # the app of the warm pool's slots for this app's live clones (``runtime/warm_pool.py``): workspaces prepared
+    # ahead whose long-lived programs (a browser) a clone takes over instead of starting its own
+    warm: AppSpec | None = None
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,7 @@ class ForkTiming:
     freeze_s: float
     ready_s: float
     dump_reused: bool = False
+    warm_slot: bool = False  # a live fork whose clone took over a warm-pool slot's programs (a browser): a hit
 
 
 class WorkspaceImage(Protocol):

@@ -95,11 +95,11 @@ async def test_an_engine_killed_leaves_no_chromium(state_dir: Path) -> None:
         assert victim.stdout is not None
         _, run_id, run_dir_text = (await asyncio.wait_for(victim.stdout.readline(), 120)).decode().split()
         assert (await asyncio.wait_for(victim.stdout.readline(), 120)).decode().strip() == "forked"
-        assert len({uid for _, uid, _ in chromium_processes()}) == 1 and len(chromium_processes()) >= 2
+        assert len({uid for _, uid, _ in chromium_processes(run_id)}) == 1 and len(chromium_processes(run_id)) >= 2
     finally:
         victim.kill()
         await victim.wait()
-    assert await settled(chromium_processes, 10) == []  # every Chromium died with its host
+    assert await settled(lambda: chromium_processes(run_id), 10) == []  # every Chromium died with its host
     rt = WorkspaceRuntime(state_dir=state_dir)
     await rt.start()  # and the next start cleans the rest of the run (cgroups, mounts, directories)
     try:

@@ -51,8 +51,9 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def chromium_processes() -> list[tuple[int, int, str]]:
-    """(pid, uid, the first word of its command line) of every Chromium process on the machine."""
+def chromium_processes(run_id: str | None = None) -> list[tuple[int, int, str]]:
+    """(pid, uid, the first word of its command line) of every Chromium process on the machine (of run
+    ``run_id``'s cgroups only, when given: other engines on the machine may run Chromium too)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -60,9 +61,10 @@ def chromium_processes() -> list[tuple[int, int, str]]:
         try:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
             uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+            groups = (entry / "cgroup").read_text() if run_id is not None else ""
         except (OSError, IndexError):
             continue
-        if cmd.endswith("/chromium"):
+        if cmd.endswith("/chromium") and (run_id is None or f"bunshin-{run_id}" in groups):
             found.append((int(entry.name), uid, cmd))
     return found
 
@@ -82,12 +84,13 @@ async def test_chromium_observes_the_shop_as_webarena_does(runtime) -> None:
     assert "\t[" in tree  # children indented by tabs
     assert home.data["url"] == f"{SHOP}/" and home.data["status"] == 200 and home.data["tabs"] == ["Home Page"]
     assert png_size(home.data["screenshot"]) == (1280, 720)
-    procs = chromium_processes()
+    procs = chromium_processes(runtime.run_id)
     assert procs and all(uid == AGENT_UID for _, uid, _ in procs), procs  # the agent's user, never root
     again = await act(ws, "observe")
     assert again.output == home.output  # ids are stable for a page state
     await ws.close()
-    assert not chromium_processes()
+    await runtime.close()  # the warm pool's slots (their Chromium) go with the run
+    assert not chromium_processes(runtime.run_id)
 
 
 async def test_real_input_navigates_searches_and_goes_back(runtime) -> None:
@@ -130,7 +133,8 @@ async def test_a_fork_brings_the_clone_to_the_source_browser_state(runtime) -> N
         await clone.close()
     assert typed.error is None and home.error is None
     await ws.close()
-    assert not chromium_processes()
+    await runtime.close()
+    assert not chromium_processes(runtime.run_id)
 
 
 
@@ -178,4 +182,5 @@ async def test_a_post_answer_is_served_to_the_clone_and_one_further_back_refuses
     still = await act(ws, "observe")  # the source goes on
     assert still.data["url"] == f"{SHOP}/"
     await ws.close()
-    assert not chromium_processes()
+    await runtime.close()
+    assert not chromium_processes(runtime.run_id)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..app import AppContext
 from ..errors import EnvsError
+from ..runtime.app_processes import AdoptedProcess
 from . import axtree
 from .cdp import CdpError, CdpPipe, CdpTimeout
 from .keys import char_events, key_events
@@ -152,7 +153,42 @@ class Chromium:
         """In a clone: the pipe and the process are the source's browser; let go of them without a word."""
         if self.pipe is not None:
             self.pipe.close()
+        if self.process is not None:
+            self.process.forget()
         self.pipe, self.process, self.tabs = None, None, []
+
+    # -- a warm-pool slot's browser, lent to a clone --------------------------------------------------------------
+    def lend(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """Hand this started browser over (a warm-pool slot's, ``slot.py``): the pipe's descriptor numbers, and
+        as data what ``adopt`` needs (the connection's state, the tabs, the process, the flags it runs with).
+        This object never touches the browser again; the descriptors stay open for the taker to copy."""
+        if self.pipe is None or self.process is None:
+            raise BrowserError("the browser is not running: there is nothing to lend")
+        fds = {"cdp_commands": self.pipe.write_fd, "cdp_replies": self.pipe.read_fd}
+        data = {"browser": "chromium", "pid": self.process.pid, "viewport": list(self.viewport),
+                "merge_memory": self.merge_memory, "started_s": self.started_s, "current": self.current,
+                "tabs": [{"target_id": t.target_id, "session": t.session, "frame_id": t.frame_id,
+                          "documents": t.documents, "status": t.status} for t in self.tabs],
+                "pipe": self.pipe.hand_over()}
+        self.pipe, self.tabs = None, []
+        return fds, data
+
+    @classmethod
+    def adopt(cls, ctx: AppContext, fds: dict[str, int], data: dict[str, Any], *, merge_memory: bool) -> Chromium:
+        """The browser a warm-pool slot lent (``lend``), driven from here on: the same pipe, tabs and process (killed
+        through a pidfd: it is the slot host's child). Refused when it runs with other settings than asked."""
+        if data.get("browser") != "chromium":
+            raise BrowserError(f"the warm slot lent {data.get('browser')!r}, not a Chromium")
+        if tuple(data["viewport"]) != VIEWPORT or bool(data["merge_memory"]) != merge_memory:
+            raise BrowserError(f"the warm slot's Chromium runs with viewport {data['viewport']} and KSM "
+                               f"{data['merge_memory']}, this workspace's with {list(VIEWPORT)} and {merge_memory}")
+        browser = cls(ctx, merge_memory=merge_memory)
+        browser.process = AdoptedProcess("chromium", int(data["pid"]))
+        browser.pipe = CdpPipe(fds["cdp_commands"], fds["cdp_replies"], keep=KEPT_EVENTS,
+                               on_event=browser._on_event, handed=data["pipe"])
+        browser.tabs = [Tab(**t) for t in data["tabs"]]
+        browser.current, browser.started_s = int(data["current"]), float(data["started_s"])
+        return browser
 
     def _on_event(self, event: dict[str, Any]) -> None:
         """A page's alert, confirm or prompt is dismissed as it opens (it would block the page's scripts and our

@@ -51,9 +51,11 @@ class CdpPipe:
     """One browser's DevTools pipe: ``write_fd`` is our end of its descriptor 3, ``read_fd`` of its 4."""
 
     def __init__(self, write_fd: int, read_fd: int, max_message: int = MAX_MESSAGE,
-                 keep: frozenset[str] | None = None, on_event: Callable[[dict[str, Any]], None] | None = None):
+                 keep: frozenset[str] | None = None, on_event: Callable[[dict[str, Any]], None] | None = None,
+                 handed: dict[str, Any] | None = None):
         """``keep``: the event methods worth keeping (None: all); ``on_event``: called with each event as it
-        comes, before it is kept (it may ``send`` with ``forget=True``, e.g. to dismiss a dialog)."""
+        comes, before it is kept (it may ``send`` with ``forget=True``, e.g. to dismiss a dialog); ``handed``:
+        the connection's state from another process's ``hand_over`` (the same pipe, taken over mid-stream)."""
         self.write_fd, self.read_fd, self.max_message = write_fd, read_fd, max_message
         self.keep, self.on_event = keep, on_event
         self._forgotten: set[int] = set()
@@ -68,6 +70,23 @@ class CdpPipe:
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder()
         self.closed = False
+        if handed is not None:
+            self._next_id = int(handed["next_id"])
+            self._forgotten = {int(i) for i in handed["forgotten"]}
+            self._buffer = bytearray(handed["pending"])
+            self._discarding = bool(handed["discarding"])
+            self.events.extend(handed["events"])
+
+    def hand_over(self) -> dict[str, Any]:
+        """The connection's state for another process to go on with the same pipe (``handed``): the next command
+        id, the answers nobody waits for, a message read in part, the kept events. This end is never read
+        again: its descriptors stay open (the other process copies them) but the selector is closed."""
+        self.pump()
+        state = {"next_id": self._next_id, "forgotten": sorted(self._forgotten), "pending": bytes(self._buffer),
+                 "discarding": self._discarding, "events": list(self.events)}
+        self.closed = True
+        self._selector.close()
+        return state
 
     # -- commands -------------------------------------------------------------------------------------------------
     def send(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None,

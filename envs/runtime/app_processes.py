@@ -64,6 +64,30 @@ class AppProcess:
             self.log_fd = -1
 
 
+class AdoptedProcess:
+    """A program another host started and lent to this one (a warm-pool slot's browser): not our child, so it is
+    killed through a pidfd (the kernel then kills its whole PID namespace) and its lender reaps it; its output is
+    the lender's."""
+
+    def __init__(self, name: str, pid: int):
+        self.name, self.pid = name, pid
+        self.pidfd = os.pidfd_open(pid)
+
+    def log_tail(self, limit: int = 4096) -> str:
+        return ""
+
+    def kill(self) -> None:
+        if self.pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        self.forget()
+
+    def forget(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
 class AppProcesses:
     """The application processes of one workspace host. ``private_fds()`` lists the host's descriptors a process
     must not keep (asked at every start)."""

@@ -47,6 +47,8 @@ from .protocol import (
     Failed,
     Fork,
     HostConfig,
+    Lend,
+    Lent,
     Ping,
     Pong,
     Ready,
@@ -149,6 +151,9 @@ class Host:
                 return checkpoint.write(self.state, path, layer)
             case Ping():
                 return Pong(pid=os.getpid(), state_version=self.state_version)
+            case Lend():
+                lending = self.state.app.lend(self.state.ctx)
+                return Lent(pid=os.getpid(), fds=lending.fds, data=lending.data)
             case Close():
                 self.shutdown()
                 return Closed()

@@ -71,6 +71,8 @@ class HostWorkspace(Workspace):
         self._closing: asyncio.Task[None] | None = None
         self._limit_hits = (0, 0)
         self._inflight: asyncio.Task[bytes] | None = None
+        # warm-pool slots this clone took over (their cgroup is its cgroup): removed with it
+        self.companions: list[HostWorkspace] = []
 
     def __repr__(self) -> str:
         kind = "Snapshot" if self.frozen else "Workspace"

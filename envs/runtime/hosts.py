@@ -39,6 +39,7 @@ from .layers import LayerStore
 from .nursery import Nursery
 from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
 from .task_scope import TaskScope, run_to_end
+from .warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class RunResources:
     runtime_binds: list[str]
     pool_fd: int
     cgroup_fds: list[int]
+    warm_pool: int = 0  # ready slots per warm app (``warm_pool.py``); 0: none, every clone starts its own
+    warm_budget_bytes: int | None = None  # the run's charge the pool never takes beyond (None: half of what is free)
 
 
 class Hosts:
@@ -76,6 +79,8 @@ class Hosts:
         self.tasks = TaskScope("hosts", on_error=lambda exc: log.debug("a background task of the run failed: %r", exc))
         self.backend = make_backend(self)
         self._counter = 0
+        self.pool = WarmPool(self._start_slot, run.cgroup.memory_charge, self.tasks, size=run.warm_pool,
+                             budget_bytes=run.warm_budget_bytes)
         self.images = ImageFiles(run.layers)  # durable images of workspaces (``Workspace.image``)
 
     # -- naming and remains ---------------------------------------------------------------------------------------
@@ -91,10 +96,12 @@ class Hosts:
         group.set_limits(self.limits.memory_bytes, self.limits.pids)
         return group
 
-    def remove_remains(self, group: Cgroup, layer: str, ws_id: str) -> None:
-        """Remove a workspace's cgroup, layer and mount point; each is tried even if another fails. Blocking."""
+    def remove_remains(self, group: Cgroup | None, layer: str, ws_id: str) -> None:
+        """Remove a workspace's cgroup (None: it has none of its own), layer and mount point; each is tried even
+        if another fails. Blocking."""
         try:
-            group.remove()
+            if group is not None:
+                group.remove()
         finally:
             try:
                 self.layers.delete(layer)
@@ -114,9 +121,10 @@ class Hosts:
     # -- starting ------------------------------------------------------------------------------------------------
     async def start(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
                     restore_from: str | None = None, restore_workers: int = 0, parent: str | None = None,
-                    generation: int = 0, frozen: bool = False) -> HostWorkspace:
+                    generation: int = 0, frozen: bool = False, register: bool = True) -> HostWorkspace:
         """Spawn a host on an existing layer and wait until it is ready (a ``HostSnapshot`` when ``frozen``); on
-        any failure (cancellation too) undo the cgroup, the layer, the mount point and the process."""
+        any failure (cancellation too) undo the cgroup, the layer, the mount point and the process. A workspace of
+        an app with warm slots (``AppSpec.warm``) has the pool fill them; ``register=False``: a slot, the pool's."""
         target = self.run.run_dir / "roots" / ws_id
         group = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
             asyncio.to_thread(self._make_group_and_root, ws_id, target),
@@ -153,8 +161,19 @@ class Hosts:
             if isinstance(exc, Exception) and not isinstance(exc, WorkspaceStartFailed):
                 raise WorkspaceStartFailed(ws_id, f"{type(exc).__name__}: {exc}{self.host_log(ws_id)}") from exc
             raise
-        self.register(ws)
+        if register:
+            self.register(ws)
+            if app.warm is not None and not frozen:
+                self.pool.want(app.warm)
         return ws
+
+    async def _start_slot(self, spec: AppSpec) -> HostWorkspace:
+        """A warm-pool slot: a new workspace of ``spec`` on a layer of its own, registered nowhere."""
+        ws_id = self.new_id()
+        layer = f"ws-{ws_id}"
+        await run_to_end(asyncio.to_thread(self.layers.create, layer),
+                         undo=lambda _: asyncio.to_thread(self.layers.delete, layer))
+        return await self.start(ws_id, layer, spec, seed=None, hostname=None, register=False)
 
     def _make_group_and_root(self, ws_id: str, target: Path) -> Cgroup:
         group = self.new_cgroup(ws_id)
@@ -206,16 +225,22 @@ class Hosts:
         await asyncio.shield(self.tasks.start_soon(self._discard(ws), name=f"discard {ws.id}"))
 
     async def _discard(self, ws: HostWorkspace) -> None:
-        await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)
-        self._kill_if_running(ws.pid)
-        await self.run.nursery.wait_exit(ws.pid, timeout=10.0)
-        self.run.nursery.forget(ws.pid)
+        await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)  # a warm-pool slot it took is in it too
+        for host in (ws, *ws.companions):
+            self._kill_if_running(host.pid)
+            await self.run.nursery.wait_exit(host.pid, timeout=10.0)
+            self.run.nursery.forget(host.pid)
         await asyncio.to_thread(self.remove_remains, ws.cgroup, ws.layer, ws.id)
+        for slot in ws.companions:  # its cgroup was the clone's, removed above
+            slot.sock.close()
+            await asyncio.to_thread(self.remove_remains, None, slot.layer, slot.id)
         await self.backend.forget(ws)
 
     async def aclose(self) -> None:
-        """Once every workspace is closed: wait until every task of the run (discards still running above all) has
-        finished, then close the scope (their failures are theirs: reported to their callers)."""
+        """Once every workspace is closed: close the warm pool's slots, wait until every task of the run (discards
+        still running above all) has finished, then close the scope (their failures are theirs: reported to their
+        callers)."""
+        await self.pool.aclose()
         await self.tasks.join()
         await self.tasks.aclose()
 

@@ -23,9 +23,15 @@ _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 
 
-def enter_new_workspace_namespaces(hostname: str) -> None:
-    """Fresh mount, network, UTS and IPC namespaces for the caller; mounts stop propagating to the host."""
-    syscalls.unshare(WORKSPACE_NAMESPACES)
+def enter_new_workspace_namespaces(hostname: str, network_of: int | None = None) -> None:
+    """Fresh mount, network, UTS and IPC namespaces for the caller; mounts stop propagating to the host.
+    ``network_of``: a pidfd of a warm-pool slot's host, whose network namespace the caller enters instead of a
+    fresh one (the browser the slot started lives in it)."""
+    if network_of is None:
+        syscalls.unshare(WORKSPACE_NAMESPACES)
+    else:
+        syscalls.unshare(WORKSPACE_NAMESPACES & ~syscalls.CLONE_NEWNET)
+        syscalls.setns(network_of, syscalls.CLONE_NEWNET)
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
     syscalls.sethostname(hostname)
 

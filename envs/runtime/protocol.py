@@ -41,13 +41,23 @@ class Execute(msgspec.Struct, frozen=True, kw_only=True, tag="execute"):
     timeout_s: float = 60.0
 
 
+class Borrow(msgspec.Struct, frozen=True, kw_only=True):
+    """A warm-pool slot a running clone takes over (``warm_pool.py``): the slot host's pid (the clone enters its
+    network namespace and copies ``fds`` out of it through a pidfd), what its app lent (``Lent``)."""
+
+    pid: int
+    fds: dict[str, int]  # name -> descriptor number in the slot host
+    data: dict[str, Any] = {}
+
+
 class CloneSpec(msgspec.Struct, frozen=True, kw_only=True):
     ws_id: str
     hostname: str
     seed: int
     layer: str
-    cgroup_rel: str
+    cgroup_rel: str  # the clone's own new cgroup, or the slot's it borrows
     frozen: bool = False  # a snapshot: read-only root, does not run tools, can be forked again
+    borrow: Borrow | None = None
 
 
 class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):
@@ -65,11 +75,15 @@ class Ping(msgspec.Struct, frozen=True, tag="ping"):
     pass
 
 
+class Lend(msgspec.Struct, frozen=True, tag="lend"):
+    """To a warm-pool slot: hand over what its app started ahead (``WorkspaceApp.lend``); answered ``Lent``."""
+
+
 class Close(msgspec.Struct, frozen=True, tag="close"):
     pass
 
 
-Request = Execute | Fork | Checkpoint | Ping | Close
+Request = Execute | Fork | Checkpoint | Ping | Lend | Close
 
 
 # -- host protocol: host -> engine ------------------------------------------------------------------------------
@@ -98,6 +112,15 @@ class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"
 class Pong(msgspec.Struct, frozen=True, kw_only=True, tag="pong"):
     pid: int
     state_version: int
+
+
+class Lent(msgspec.Struct, frozen=True, kw_only=True, tag="lent"):
+    """What a slot's app lent: descriptors by name (numbers in the slot host, which keeps them open and never
+    touches them again) and data; the engine passes them on as a ``Borrow``."""
+
+    pid: int
+    fds: dict[str, int]
+    data: dict[str, Any] = {}
 
 
 class Closed(msgspec.Struct, frozen=True, tag="closed"):
@@ -139,7 +162,7 @@ class NurseryExited(msgspec.Struct, frozen=True, kw_only=True, tag="exited"):
     status: int
 
 
-Reply = Ready | Executed | Forked | Checkpointed | Pong | Closed | Failed
+Reply = Ready | Executed | Forked | Checkpointed | Pong | Lent | Closed | Failed
 
 
 

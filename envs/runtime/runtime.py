@@ -31,6 +31,7 @@ from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
 from .task_scope import run_to_end
+from .warm_pool import DEFAULT_SIZE
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
@@ -41,9 +42,12 @@ class WorkspaceRuntime:
 
     def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
                  seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
+                 warm_budget_bytes: int | None = None):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
-        engine starting many at once on few cores raises it."""
+        engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
+        browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
+        ``warm_budget_bytes`` of the run's memory charge (None: half of the memory available at the start)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.limits = limits or Limits()
@@ -51,6 +55,9 @@ class WorkspaceRuntime:
         self.state_dir = Path(state_dir or DEFAULT_STATE_DIR)
         self.faults = list(faults or [])
         self.start_timeout_s = start_timeout_s
+        if warm_pool < 0:
+            raise ValueError(f"warm_pool is a count of slots per warm app, got {warm_pool}")
+        self.warm_pool, self.warm_budget_bytes = warm_pool, warm_budget_bytes
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.hosts: Hosts | None = None
@@ -94,7 +101,8 @@ class WorkspaceRuntime:
             run = RunResources(run_dir=self.run_dir, seed=self.seed, limits=self.limits, faults=self.faults,
                                start_timeout_s=self.start_timeout_s, nursery=self.nursery, cgroup=self.cgroup,
                                layers=self.layers, image=self.image, runtime_binds=runtime_paths(),
-                               pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds)
+                               pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
+                               warm_budget_bytes=self.warm_budget_bytes)
             self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()

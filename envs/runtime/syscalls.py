@@ -52,6 +52,7 @@ _libc.syscall.restype = ctypes.c_long
 
 _SYS_PIVOT_ROOT = 155  # x86-64
 _SYS_OPEN_TREE = 428
+_SYS_PIDFD_GETFD = 438
 OPEN_TREE_CLONE = 1
 AT_RECURSIVE = 0x8000
 # None: the arguments are passed as they are, unchecked (the syscall number decides them); typeshed's stub of
@@ -93,6 +94,12 @@ def unshare(flags: int) -> None:
 
 def setns(fd: int, nstype: int = 0) -> None:
     _check(_libc.setns(fd, nstype), f"setns({fd}, {nstype:#x})")
+
+
+def pidfd_getfd(pidfd: int, target_fd: int) -> int:
+    """A copy (close-on-exec) of descriptor ``target_fd`` of the process ``pidfd`` refers to."""
+    return _check(_libc.syscall(ctypes.c_long(_SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(target_fd),
+                                ctypes.c_uint(0)), f"pidfd_getfd({pidfd}, {target_fd})")
 
 
 def sethostname(name: str) -> None:

@@ -4,7 +4,7 @@ Owns: the same face as the text browser (``act``, ``observe``, ``current_url``, 
 ``requests``, ``close``) on ``envs/chromium``'s WebArena pages, every call bounded by the tool's deadline (the
 runtime's, ``ctx.deadline``, capped by ``CALL_S``), and the browser's part of a fork: the state is taken in the
 source before the workspace forks (``before_fork``: a snapshot keeps it as data, it holds no browser), and a running
-clone starts its own Chromium and is brought to that state (``after_fork``: the ``replay`` fork of the browser,
+clone takes a warm-pool slot's Chromium over (``envs/chromium/slot.py``) or starts its own, and is brought to that state (``after_fork``: the ``replay`` fork of the browser,
 checked equal or refused with ``BrowserStateMismatch``).
 Must never: let a clone go on with a browser that is not in its source's state, or touch the source's browser.
 """
@@ -33,6 +33,7 @@ class ChromiumShopBrowser:
         self.pages = WebArenaPages(self.chromium, start_url, screenshots=screenshots)
         self.saved: browser_state.BrowserState | None = None  # taken before a fork, restored in the clone
         self.launch_s = self.restore_s = 0.0  # the last fork's: starting a Chromium, bringing it to the state
+        self.warm = False  # the last fork's Chromium was a warm-pool slot's (launch_s: only taking it over)
 
     def start(self) -> None:
         self.chromium.start(self._deadline(CALL_S))
@@ -80,13 +81,19 @@ class ChromiumShopBrowser:
             self.saved = browser_state.capture(self.chromium, self._deadline(FORK_S))
 
     def after_fork(self) -> None:
-        """In a running clone: a Chromium of its own, brought to the source's state and checked."""
+        """In a running clone: a Chromium of its own (a warm-pool slot's when the clone took one: ``ctx.borrowed``,
+        else started now), brought to the source's state and checked."""
         started = time.monotonic()
         self.chromium.abandon()
-        self.chromium = Chromium(self.ctx, merge_memory=self.merge_memory)
-        self.pages = WebArenaPages(self.chromium, self.start_url, screenshots=self.screenshots)
+        lent = self.ctx.borrowed
         deadline = self._deadline(FORK_S)
-        self.chromium.start(deadline)
+        if lent is not None:
+            self.chromium = Chromium.adopt(self.ctx, lent.fds, lent.data, merge_memory=self.merge_memory)
+        else:
+            self.chromium = Chromium(self.ctx, merge_memory=self.merge_memory)
+            self.chromium.start(deadline)
+        self.pages = WebArenaPages(self.chromium, self.start_url, screenshots=self.screenshots)
+        self.warm = lent is not None
         launched = time.monotonic()
         if self.saved is not None:
             browser_state.restore(self.chromium, self.saved, deadline)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..chromium import slot as chromium_slot
 from ..latency import check_time_scale
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import webarena
@@ -126,7 +127,11 @@ class WebShopSuite(Suite):
         return call
 
     def app(self, task: SuiteTask | None = None) -> AppSpec:
-        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs))
+        """The shop's app; with Chromium, its live clones take their browser from warm-pool slots."""
+        warm = None
+        if self.app_kwargs.get("browser") == "chromium":
+            warm = AppSpec(target=chromium_slot.TARGET, kwargs={"merge_memory": bool(self.app_kwargs["ksm"])})
+        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs), warm=warm)
 
     def _task(self, task: SuiteTask) -> webarena.WebArenaTask:
         if task.path not in self._loaded:

@@ -15,8 +15,9 @@ import os
 import socket
 import time
 
+from ...app import Lending
 from ...seeds import derive_seed
-from .. import image, namespaces, rootfs
+from .. import image, namespaces, rootfs, syscalls
 from ..cgroups import join_by_fds
 from ..protocol import CloneSpec, Ready
 from .state import ForkState
@@ -35,7 +36,17 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     die_with(state.config.reaper_pid)
     join_by_fds(state.cgroup_fds, spec.cgroup_rel)
     state.fault("clone.after_cgroup")
-    namespaces.enter_new_workspace_namespaces(spec.hostname)
+    borrowed = None
+    if spec.borrow is None:
+        namespaces.enter_new_workspace_namespaces(spec.hostname)
+    else:  # a warm-pool slot: its network namespace (its browser is in it) and the descriptors its app lent
+        slot = os.pidfd_open(spec.borrow.pid)
+        try:
+            namespaces.enter_new_workspace_namespaces(spec.hostname, network_of=slot)
+            borrowed = Lending(fds={name: syscalls.pidfd_getfd(slot, number)
+                                    for name, number in spec.borrow.fds.items()}, data=dict(spec.borrow.data))
+        finally:
+            os.close(slot)
     os.fchdir(state.pool_fd)
     layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
     rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=state.config.lower, layer=spec.layer,
@@ -48,6 +59,7 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     state.ctx.forget_in_clone()
     state.ws_id, state.frozen = spec.ws_id, spec.frozen
     state.ctx.ws_id = spec.ws_id
+    state.ctx.borrowed = borrowed
     if state.workers:
         pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
         try:
@@ -63,4 +75,5 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
         state.ctx.reseed(spec.seed)
         state.ctx.rebind_after_fork()
         state.app.after_fork(state.ctx)
+    state.ctx.borrowed = None  # the app took what it wanted of it; a later fork of this clone borrows its own
     state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started))

@@ -2,7 +2,9 @@
 
 The whole sequence, in order (each step's file):
 
-1. here: name the clone, make its cgroup and a socketpair; send ``Fork`` to the source's host with the clone's end;
+1. here: name the clone, make its cgroup (or take a warm-pool slot, ``warm_pool.py``: the clone will join its
+   cgroup and network namespace and take what its app lent) and a socketpair; send ``Fork`` to the source's host
+   with the clone's end;
 2. ``source.py`` (in the source host): freeze the agents, quiesce the app and its workers, snapshot the writable
    layer (btrfs, constant time), have every worker fork itself (``worker.py``), ``gc.freeze()``, ``fork()``
    twice (so the clone is orphaned onto the run's nursery), thaw, answer ``Forked`` with the freeze window;
@@ -20,12 +22,13 @@ import asyncio
 import socket
 import time
 
-from ...errors import ForkFailed, RequestRefused, WorkspaceStartFailed
+from ...errors import ForkFailed, RequestRefused, WorkspaceBroken, WorkspaceStartFailed
 from ...workspace import ForkTiming
 from .. import await_points
+from ..cgroups import Cgroup
 from ..host_workspace import HostSnapshot, HostWorkspace
-from ..hosts import Hosts
-from ..protocol import CloneSpec, Fork, Forked
+from ..hosts import KILL_TIMEOUT_S, Hosts
+from ..protocol import Borrow, CloneSpec, Fork, Forked, Lend, Lent
 from .backends import AllOrNothingFork, clone_seed
 
 
@@ -39,9 +42,24 @@ class CowFork(AllOrNothingFork):
         hosts = self.hosts
         started = time.monotonic()  # the same boundary as the restore backend's: the clone's cgroup is inside
         clone_id = hosts.new_id()
+        warm = source.app_spec.warm
+        slot = hosts.pool.take(warm) if warm is not None and not frozen else None
+        if slot is None:
+            borrow, cgroup_rel = None, f"ws-{clone_id}"
+            group = await asyncio.to_thread(hosts.new_cgroup, clone_id)
+        else:  # the clone takes the slot over: its cgroup, its network namespace, what its app lent
+            try:
+                lent = slot.expect(await slot.request(Lend()), Lent)
+            except BaseException as exc:
+                await asyncio.shield(slot.close())
+                if isinstance(exc, RequestRefused | WorkspaceBroken):
+                    raise ForkFailed(source.id, f"fork to {clone_id}: the warm slot {slot.id} lent nothing: "
+                                                f"{exc.detail}") from exc
+                raise
+            borrow = Borrow(pid=slot.pid, fds=lent.fds, data=lent.data)
+            cgroup_rel, group = f"ws-{slot.id}", slot.cgroup
         spec = CloneSpec(ws_id=clone_id, hostname=f"ws-{clone_id}", seed=clone_seed(source, seed),
-                         layer=f"ws-{clone_id}", cgroup_rel=f"ws-{clone_id}", frozen=frozen)
-        group = await asyncio.to_thread(hosts.new_cgroup, clone_id)
+                         layer=f"ws-{clone_id}", cgroup_rel=cgroup_rel, frozen=frozen, borrow=borrow)
         engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         engine_end.setblocking(False)
         try:
@@ -56,12 +74,23 @@ class CowFork(AllOrNothingFork):
             clone = cls(hosts, clone_id, pid=pid, sock=engine_end, cgroup=group, layer=spec.layer, seed=spec.seed,
                         app=source.app_spec, parent=source.id, generation=source.generation + 1)
             clone.last_fork = ForkTiming(freeze_s=forked.freeze_ns / 1e9,
-                                         ready_s=time.monotonic() - started)
+                                         ready_s=time.monotonic() - started, warm_slot=slot is not None)
+            if slot is not None:
+                clone.companions.append(slot)
         except BaseException as exc:
             engine_end.close()
-            await asyncio.shield(asyncio.to_thread(hosts.remove_remains, group, spec.layer, clone_id))
+            await asyncio.shield(self._undo(group, spec, slot))
             if isinstance(exc, RequestRefused | WorkspaceStartFailed):
                 raise ForkFailed(source.id, f"fork to {clone_id} failed: {exc.detail}") from exc
             raise
         hosts.register(clone)
         return clone
+
+    async def _undo(self, group: Cgroup, spec: CloneSpec, slot: HostWorkspace | None) -> None:
+        """A fork that failed: what it made goes (the slot it took too: its browser may be half-restored)."""
+        if slot is None:
+            await asyncio.to_thread(self.hosts.remove_remains, group, spec.layer, spec.ws_id)
+            return
+        await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)  # a half-made clone in the slot's cgroup
+        await slot.close()
+        await asyncio.to_thread(self.hosts.remove_remains, None, spec.layer, spec.ws_id)
