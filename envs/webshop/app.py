@@ -4,7 +4,8 @@ text browser (``bunshin.envs.webshop.browser``) in the host, and every action of
 Owns: the tools an agent has (one per WebArena verb of ``tools.SCHEMA`` but ``stop``, their arguments decoded
 through the schema; each answers with the page's accessibility tree and a screenshot), the hidden tools the suite
 uses to set a task up and to evaluate it (``_start``, ``_element``, ``_page_text``, ``_shop_json``, ``_url``;
-``_latency`` shows the latency state), the page-ready wait (``envs/latency.py``, profile ``WEBSHOP``: after an agent
+``_latency`` shows the latency state, ``_tree`` the current page's whole tree, no viewport cut, for tests that
+compare the two browsers), the page-ready wait (``envs/latency.py``, profile ``WEBSHOP``: after an agent
 action, before its observation, the host waits as long as the real shop's page would take: ``page`` when the action
 loaded a page from the server, ``in_page`` otherwise; times ``time_scale``; internal tools never wait), and
 re-homing the browser after a fork (its cookie jar and pages are plain memory and fork with the host; its
@@ -120,8 +121,15 @@ class ShopApp(WorkspaceApp):
                       "_page_text": self._page_text, "_shop_json": self._shop_json,
                       "_url": lambda a: Observation(output=self.browser.current_url()),
                       "_latency": lambda a: Observation(data=self.latency.state()),
-                      "_browser": self._browser_state})
+                      "_browser": self._browser_state,
+                      "_tree": lambda a: Observation(output=self._guarded_tree())})
         return tools
+
+    def _guarded_tree(self) -> str:
+        try:
+            return self.browser.page_tree()
+        except BrowserError as exc:
+            raise ToolError(str(exc)) from exc
 
     def _browser_state(self, args: dict[str, Any]) -> Observation:
         """Which browser this workspace has and, for Chromium, what its last fork cost (starting one, restoring)."""

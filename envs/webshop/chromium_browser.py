@@ -1,11 +1,12 @@
 """The web shop seen through a real Chromium in the workspace: the ``chromium`` browser backend of ``ShopApp``.
 
 Owns: the same face as the text browser (``act``, ``observe``, ``current_url``, ``fetch_text``, ``find``,
-``requests``, ``close``) on ``envs/chromium``'s WebArena pages, every call bounded by the tool's deadline (the
-runtime's, ``ctx.deadline``, capped by ``CALL_S``), and the browser's part of a fork: the state is taken in the
-source before the workspace forks (``before_fork``: a snapshot keeps it as data, it holds no browser), and a running
-clone takes a warm-pool slot's Chromium over (``envs/chromium/slot.py``) or starts its own, and is brought to that state (``after_fork``: the ``replay`` fork of the browser,
-checked equal or refused with ``BrowserStateMismatch``).
+``page_tree``, ``requests``, ``close``) on ``envs/chromium``'s WebArena pages, every call bounded by the tool's
+deadline (the runtime's, ``ctx.deadline``, capped by ``CALL_S``), and the browser's part of a fork: the state is
+taken in the source before the workspace forks (``before_fork``: a snapshot keeps it as data, it holds no browser),
+and a running clone takes a warm-pool slot's Chromium over (``envs/chromium/slot.py``) or starts its own, and is
+brought to that state (``after_fork``: the ``replay`` fork of the browser, checked equal or refused with
+``BrowserStateMismatch``).
 Must never: let a clone go on with a browser that is not in its source's state, or touch the source's browser.
 """
 
@@ -60,6 +61,10 @@ class ChromiumShopBrowser:
 
     def fetch_text(self, url: str | None, selector: str) -> str:
         return self._guarded(lambda d: self.pages.page_text(url, selector, d))
+
+    def page_tree(self) -> str:
+        """The current page's whole tree as text (every line, no viewport cut): what ``observe`` shows a part of."""
+        return self._guarded(lambda d: self.pages.chromium.ax_tree(d).render())
 
     def find(self, role: str, name: str) -> int | None:
         return self._guarded(lambda d: self.pages.find(role, name, d))

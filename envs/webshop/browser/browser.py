@@ -250,6 +250,12 @@ class Browser:
             raster, top = screenshot.render_lines(page.tree, page.scroll, *self.viewport, page.focused), 0
         return screenshot.viewport_png(raster, top, self.viewport)
 
+    def page_tree(self) -> str:
+        """The current page's whole tree as text (every line, no viewport): what ``observe`` shows a window of."""
+        if self.closed:
+            raise BrowserError("the browser is closed")
+        return self.page.tree.text()
+
     def find(self, role: str, name: str) -> int | None:
         """The id of the first element of the current page with this role and this name (or placeholder)."""
         tree = self.page.tree
