@@ -105,7 +105,8 @@ def test_a_visit_merges_what_scrolling_showed_and_seeks_the_rest() -> None:
     assert failed is not None and failed.latest.root.name == "Orchid Card Game R812"
     # a field typed into out of view holds what was typed, though no view has shown it since
     typed = visit([PRODUCT_BOTTOM, PRODUCT_TOP, PRODUCT_TOP], ["scroll [up]", "type [95] [sam] [0]"])
-    assert typed is not None and typed.find(lambda n: n.id == 95).name == "sam"  # type: ignore[union-attr]
+    box = typed.find(lambda n: n.id == 95) if typed is not None else None
+    assert typed is not None and box is not None and typed.value(box) == "sam"
 
 
 def test_answers_are_read_off_the_page_wherever_the_viewport_is() -> None:

@@ -4,9 +4,11 @@ Owns: the rules WebArena's ``browser_env/processors.py`` applies (a line is ``[i
 indented by tabs; ``focusable``, ``editable``, ``readonly``, ``level``, ``settable``, ``multiline`` and ``invalid``
 are not printed; a node without a name is dropped with its children hoisted when its role is a pure container, a
 nameless ``listitem`` always; a StaticText line is dropped when empty or when its text is in one of the three lines
-kept before it), the viewport cut (a node whose box misses the viewport is dropped, its children hoisted), and the
-ids. Where it differs from WebArena, on purpose: ids are our own (the rank of the node in document order among the
-printed nodes of the whole page, from 1): Chromium's AX node ids depend on what the renderer built before, so the
+kept before it), the viewport cut, and the ids. Where it differs from WebArena, on purpose: the viewport is a window
+on the whole page's lines (from the first whose box meets it to the last, with notes on the lines hidden above and
+below, as the text browser shows one), not WebArena's own cut (non-meeting nodes dropped, children hoisted): an
+agent scrolling sees one page's lines, numbered and indented once; ids are our own (the rank of the node in
+document order among the printed nodes of the whole page, from 1): Chromium's AX node ids depend on what the renderer built before, so the
 same page state in another browser would get other ids, and a fork or a replay could not give the agent the same
 observation; the viewport test is plain intersection (WebArena's ratio has an operator-precedence slip that lets
 nearly every intersecting node through, which this equals but for slivers).
@@ -56,23 +58,40 @@ class AxTree:
         return {line.node_id: line for line in self.lines}
 
     def render(self, viewport: tuple[float, float, float, float] | None = None) -> str:
-        """The tree's text; with ``viewport`` (x, y, width, height in page coordinates) only the lines whose box
-        meets it, and the root, re-indented as if the others were not there (their children hoisted)."""
-        kept: list[str] = []
-        depth_of: dict[int, int] = {}
+        """The tree's text; with ``viewport`` (x, y, width, height in page coordinates) the root and the lines of
+        the whole page's text from the first whose box meets the viewport to the last, with a note when lines are
+        hidden above or below (as the text browser shows a viewport: a window on the same numbered lines, so an
+        agent scrolling sees one page's lines in one order)."""
+        every = self._rows()
+        if viewport is None:
+            return "\n".join(text for _, text in every)
+        shown = [k for k, (line, _) in enumerate(every) if k > 0 and _meets(line.box, viewport)]
+        if shown:
+            first, last = shown[0], shown[-1]
+        else:  # between lines (a gap in the layout): nothing shown, the notes say where the lines are
+            first = 1 + sum(1 for line, _ in every[1:] if line.box is not None and line.box[1] < viewport[1])
+            last = first - 1
+        above, below = first - 1, len(every) - 1 - last
+        out = [text for _, text in every[:1]]
+        if above > 0:
+            out.append(f"\t(... {above} lines above; scroll up to see them)")
+        out.extend(text for _, text in every[first:last + 1])
+        if below > 0:
+            out.append(f"\t(... {below} lines below; scroll down to see them)")
+        return "\n".join(out)
+
+    def _rows(self) -> list[tuple[AxLine, str]]:
+        kept: list[tuple[AxLine, str]] = []
         stack: list[tuple[int, int]] = []  # (source depth, printed depth) of the ancestors printed
         for line in self.lines:
             while stack and stack[-1][0] >= line.depth:
                 stack.pop()
-            if viewport is not None and line.depth > 0 and not _meets(line.box, viewport):
-                continue
             depth = stack[-1][1] + 1 if stack else 0
-            depth_of[line.node_id] = depth
             stack.append((line.depth, depth))
-            if line.role == "StaticText" and _repeats(line.name, kept):
+            if line.role == "StaticText" and _repeats(line.name, [text for _, text in kept[-STATIC_TEXT_LOOKBACK:]]):
                 continue
-            kept.append("\t" * depth + line.text)
-        return "\n".join(kept)
+            kept.append((line, "\t" * depth + line.text))
+        return kept
 
 
 def _meets(box: tuple[float, float, float, float] | None, viewport: tuple[float, float, float, float]) -> bool:

@@ -333,7 +333,7 @@ class Chromium:
         if result.get("errorText") and not result.get("loaderId"):
             raise BrowserError(f"cannot open {url[:200]}: {result['errorText']}")
         if result.get("loaderId"):
-            self._wait_load(tab, deadline)
+            self._wait_load(tab, deadline, loader=result["loaderId"])
         self._clear_loads(tab)  # this navigation's: ``settle`` after it must not wait for it again
         self._note_documents(tab)
         if result.get("errorText"):
@@ -442,7 +442,7 @@ class Chromium:
         for method in ("Page.lifecycleEvent", "Page.frameRequestedNavigation", "Page.frameStartedLoading"):
             self.cdp.take_events(method, tab.session)
 
-    def _wait_load(self, tab: Tab, deadline: float) -> None:
+    def _wait_load(self, tab: Tab, deadline: float, loader: str | None = None) -> None:
         """Until the tab's page fired its load event, at most ``PAGE_S`` and never closer to ``deadline`` than
         ``STOP_MARGIN_S``; a page still loading then has its loading stopped and its running script terminated (an
         endless loop would keep the page from answering anything else), and the action is refused."""
@@ -457,7 +457,10 @@ class Chromium:
                 raise BrowserError(f"the page did not finish loading within {time.monotonic() - started:.1f} s "
                                    f"(the browser's time for one page); its scripts were stopped and the page left "
                                    f"as it was") from exc
-            if event["params"].get("frameId") == tab.frame_id and event["params"].get("name") == "load":
+            params = event["params"]
+            # ``loader``: this navigation's document (a page left before it loaded fires its load late)
+            if (params.get("frameId") == tab.frame_id and params.get("name") == "load"
+                    and loader in (None, params.get("loaderId"))):
                 return
 
     def evaluate(self, expression: str, deadline: float, *, session: str | None = None) -> Any:

@@ -124,6 +124,8 @@ def _open_product(goal: Goal, page: Page) -> str:
     """From anywhere to the product's page: search for its name, open the result with exactly that name. None of
     the results on the first page being it means the store does not have it: give up."""
     product = goal["product"]
+    if page.title.casefold() == product.casefold() and (more := page.scroll_for_more()):
+        return more  # its page, whose "Add to Cart" this visit has not shown yet (a tall picture above it)
     query = _results_for(page)
     if query is None or query.casefold() != product.casefold():
         return _search(page, product)
@@ -278,15 +280,17 @@ def _fill(page: Page, keys: list[tuple[str, str]], values: dict[str, str]) -> st
     """Type the next labelled field whose value is not yet what ``values`` says; None when all are."""
     for box in (n for n in page.nodes if n.role == "textbox"):
         key = _field(page, box, keys)
-        if key is not None and key in values and box.name != values[key]:
+        if key is not None and key in values and page.value(box) != values[key]:
             return f"type [{box.id}] [{values[key]}] [0]"
     return None
 
 
 def _in_cart(page: Page, product: str) -> bool:
     """Whether ``page`` is the cart and has a row for ``product``."""
-    return page.title == "Shopping Cart" and page.find(
-        lambda n: n.role == "row" and n.name.casefold().startswith(product.casefold())) is not None
+    name = product.casefold()
+    return page.title == "Shopping Cart" and page.find(  # a row named by its cells (the text browser's tree), or
+        lambda n: (n.role == "row" and n.name.casefold().startswith(name))  # the product's link in a nameless one
+        or (n.role == "link" and n.name.casefold() == name)) is not None
 
 
 def _cart(goal: Goal, page: Page, ctx: PolicyContext) -> str:
@@ -299,7 +303,7 @@ def _cart(goal: Goal, page: Page, ctx: PolicyContext) -> str:
     box = next((n for n in page.after(label) if n.role == "textbox"), None) if label else None
     if box is None:
         return page.scroll_for_more() or GIVE_UP
-    if box.name != str(qty):
+    if page.value(box) != str(qty):
         return f"type [{box.id}] [{qty}] [0]"
     return _click(page.seek(name_is("button", "Add to Cart"))) or GIVE_UP
 

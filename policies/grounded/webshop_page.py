@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 _LINE = re.compile(r"""^(\t*)\[(\d+)\] (\S+) ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(.*)$""")
 _ABOVE = re.compile(r"^\t\(\.\.\. (\d+) lines above;")
@@ -94,6 +94,7 @@ class Page:
     total: int
     latest: View
     lines: dict[int, Node] = field(default_factory=dict)
+    values: dict[int, str] = field(default_factory=dict)  # what this visit typed, by field id
 
     def add(self, view: View) -> None:
         self.latest, self.total, self.title = view, view.total, view.root.name
@@ -101,10 +102,22 @@ class Page:
             self.lines[view.offset + i] = node
 
     def typed(self, node_id: int, text: str) -> None:
-        """The field ``node_id`` now holds ``text`` (a textbox's name is its value)."""
-        for i, node in self.lines.items():
-            if node.id == node_id and node.role in ("textbox", "searchbox"):
-                self.lines[i] = replace(node, name=text)
+        """The field ``node_id`` now holds ``text``: what ``value`` answers for it for the rest of the visit (a
+        later view may not show it: Chromium's tree drops a value that reads like the lines above it)."""
+        self.values[node_id] = text
+
+    def value(self, box: Node) -> str:
+        """What the field ``box`` holds: what was typed into it this visit, else the text line just inside it
+        (Chromium's tree: a box is named by its label, its value is a StaticText child), else its name (the text
+        browser's: a box is named by its value)."""
+        if box.id in self.values:
+            return self.values[box.id]
+        nodes = self.nodes
+        at = next((i for i, n in enumerate(nodes) if n.id == box.id), None)
+        inner = nodes[at + 1] if at is not None and at + 1 < len(nodes) else None
+        if inner is not None and inner.role == "StaticText" and inner.depth == box.depth + 1:
+            return inner.name
+        return box.name
 
     @property
     def nodes(self) -> list[Node]:
