@@ -29,6 +29,7 @@ from .commands.flags import (
     spec_arguments,
     spec_settings,
     suite_arguments,
+    warm_pool_argument,
     with_time_scale,
 )
 from .errors import ArgumentRefused, BadRequest, CommandError
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
     ev.add_argument("--concurrency", type=int, default=8, help="rollouts at once")
     ev.add_argument("--memory-budget", type=nbytes_of, default=None, help="admit rollouts within this memory")
+    warm_pool_argument(ev)
     ev.add_argument("--backend", choices=BACKENDS, default="cow")
     ev.add_argument("--time-scale", type=float, default=0.05,
                     help="multiply the policy's modelled reasoning time and the suite's modelled tool latency "
@@ -129,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--forks", type=int, default=10, help="forks per backend and size")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
+    fork.add_argument("--browser", choices=["chromium"], default=None,
+                      help="instead: a web-shop workspace with Chromium, forked live with a warm-pool slot, live "
+                           "without one, and restored privately (--forks rounds each; --sizes and --backends do "
+                           "not apply)")
+    fork.add_argument("--modes", type=lambda t: [m for m in t.split(",") if m], default=None,
+                      help="with --browser chromium: cow+pool,cow,restore (default all three)")
+    fork.add_argument("--catalog-size", type=int, default=2000, help="with --browser chromium: the shop's catalog")
     mem = bench_sub.add_parser("memory", help="peak and total memory as concurrent rollouts grow, per backend")
     suite_arguments(mem)
     mem.add_argument("--rollouts", type=lambda t: [int(x) for x in t.split(",") if x], default=[8, 16, 32, 64])
@@ -138,8 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="scripted policy reasoning and suite tool latency time scale (unless --set time_scale=X)")
     mem.add_argument("--seed", type=int, default=0)
     mem.add_argument("--repeat", type=int, default=1, help="run everything K times: medians and ranges")
+    mem.add_argument("--compare-ksm", action="store_true",
+                     help="web shop with Chromium: run every backend a second time with KSM on (the suite's ksm "
+                          "knob), in the same repeat")
+    warm_pool_argument(mem)
     mem.add_argument("--json", type=Path, help="write results as JSON here")
     mem.add_argument("--plot", type=Path, help="write a PNG plot here")
+
+    steps = bench_sub.add_parser("steps", help="the web shop's per-step latency: Chromium against the text browser")
+    steps.add_argument("--catalog-size", type=int, default=2000)
+    steps.add_argument("--tasks", type=int, default=1, help="tasks of every template (default 1)")
+    steps.add_argument("--repeat", type=int, default=3, help="times every task is played (default 3)")
+    steps.add_argument("--no-screenshots", action="store_true",
+                       help="observations without the viewport PNG (the tree, URL and tabs only)")
+    steps.add_argument("--json", type=Path, help="write results as JSON here")
+    steps.add_argument("--plot", type=Path, help="write a PNG plot here")
 
     sharing = bench_sub.add_parser("sharing", help="identical and shared memory of the samples of one task, per step")
     suite_arguments(sharing)
@@ -276,6 +298,17 @@ def run(args: argparse.Namespace) -> int:
 
         return event_loop.run(demo(args.size, args.clones, args.backend))
     if args.command == "bench" and args.bench == "fork":
+        if args.browser == "chromium":
+            from bunshin.envs.webshop.suite import WebShopSuite
+
+            from .bench import browser_fork
+
+            suite = WebShopSuite(catalog_size=args.catalog_size, time_scale=0.0, browser="chromium")
+            event_loop.run(browser_fork.run(suite, args.forks, args.modes or list(browser_fork.MODES), args.json,
+                                            args.plot))
+            return 0
+        if args.modes is not None:
+            raise CommandError("bench fork: --modes needs --browser chromium")
         from .bench import fork as bench_fork
 
         event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot))
@@ -284,8 +317,24 @@ def run(args: argparse.Namespace) -> int:
         from .bench import memory as bench_memory
 
         with_time_scale(args, args.time_scale)
+        ksm_suite = None
+        if args.compare_ksm:
+            if dict(args.set).get("ksm") is not None:
+                raise CommandError("--compare-ksm runs both: leave out --set ksm=")
+            args.set = [*args.set, ("ksm", True)]
+            ksm_suite = make_suite(args)
+            args.set = [kv for kv in args.set if kv[0] != "ksm"]
         return event_loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
-                                          args.time_scale, args.seed, args.json, args.plot, args.repeat))
+                                          args.time_scale, args.seed, args.json, args.plot, args.repeat,
+                                          ksm_suite=ksm_suite, warm_pool=args.warm_pool))
+    if args.command == "bench" and args.bench == "steps":
+        from .bench import browser_steps
+
+        if args.tasks < 1 or args.repeat < 1:
+            raise CommandError("bench steps: --tasks and --repeat are counts of at least 1")
+        event_loop.run(browser_steps.run(args.catalog_size, args.tasks, args.repeat, not args.no_screenshots,
+                                         args.json, args.plot))
+        return 0
     if args.command == "bench" and args.bench == "sharing":
         from .bench import sharing as bench_sharing
         from .bench.policy import bench_policy
@@ -340,7 +389,8 @@ def run(args: argparse.Namespace) -> int:
                                                   limit=args.limit, group_size=args.group_size,
                                                   concurrency=args.concurrency, memory_budget=args.memory_budget,
                                                   backend=args.backend, seed=args.seed, max_steps=args.max_steps,
-                                                  prefix=prefix, speculation=speculation, ray_address=address))
+                                                  prefix=prefix, speculation=speculation, ray_address=address,
+                                                  warm_pool=args.warm_pool))
         except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
             raise CommandError(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")

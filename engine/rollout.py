@@ -56,6 +56,7 @@ from .speculation.speculator import Speculator
 
 Finish = Callable[[Trajectory], Any]
 log = logging.getLogger(__name__)
+WARM_POOL = 8  # ready browsers by default: a group of eight samples (a usual GRPO group) forks without a launch
 
 
 def _producer_failed(exc: BaseException) -> None:  # raised to the stream's consumer, if it is still there
@@ -68,7 +69,7 @@ class RolloutEngine:
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
                  memory_detail_s: float | None = None, prefix: PrefixSettings | None = None,
-                 speculation: SpecSettings | None = None, runtime: Any = None):
+                 speculation: SpecSettings | None = None, runtime: Any = None, warm_pool: int | None = None):
         """``runtime``: the workspaces' runtime, made by the caller (``bunshin.envs.memory_workspace.MemoryRuntime``
         runs an engine without root); its own settings then stand instead of ``backend``, ``limits`` and
         ``state_dir`` (default: a ``WorkspaceRuntime`` made from those). ``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
@@ -76,7 +77,11 @@ class RolloutEngine:
         its model is kept in the prefix cache's directory unless ``speculation.model_dir`` says otherwise). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
         ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
         ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
-        the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process."""
+        the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process.
+        ``warm_pool``: ready warm-pool slots per warm app (a Chromium workspace's clones take their browser from
+        one, ``envs/runtime/warm_pool.py``; None: ``WARM_POOL`` or ``concurrency`` if less, a GRPO group's forks
+        find their browsers ready; 0: every clone starts its own), within ``memory_budget`` (None: the pool's own
+        default). The slots are the run's memory: every figure of the run includes them."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.suite, self.policy, self.backend = suite, policy, backend
@@ -91,6 +96,9 @@ class RolloutEngine:
                                                              command_timeout_s=call_timeout_s)}
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)
+        if warm_pool is not None and warm_pool < 0:
+            raise ValueError(f"warm_pool is a count of slots, got {warm_pool}")
+        kwargs.update(warm_pool=min(concurrency, WARM_POOL) if warm_pool is None else warm_pool, warm_budget_bytes=memory_budget)
         self.runtime = runtime if runtime is not None else WorkspaceRuntime(**kwargs)
         self.meter_interval_s, self.memory_detail_s = meter_interval_s, memory_detail_s
         self.tasks: dict[str, SuiteTask] = {}

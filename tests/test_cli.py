@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def bunshin(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bunshin.engine.cli", *args], capture_output=True, text=True,
@@ -69,7 +71,9 @@ def test_bench_memory_repeats_and_summarises(tmp_path: Path) -> None:
         assert run["peak_bytes"]["min"] <= run["peak_bytes"]["median"] <= run["peak_bytes"]["max"]
     assert [r["repeat"] for r in data["ratios"]] == [0, 1]
     assert data["summary"]["ratios"][0]["peak_ratio"]["n"] == 2
-    assert "mean memory cow/restore" in proc.stdout and "[2/4]" in proc.stderr
+    assert [(r["config"], r["ksm"]) for r in data["results"][:2]] == [("cow", False), ("restore", False)]
+    assert data["ratios"][0]["config"] == "cow"  # every configuration against the private restore
+    assert "mean memory / restore" in proc.stdout and "[2/4]" in proc.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -272,3 +276,45 @@ def test_browser_flag_sets_the_suites_browser_knob_and_is_refused_without_a_brow
     with pytest.raises(SystemExit) as exc:
         cli.main(["suite", "check", "--suite", "desktop", "--browser", "chromium"])
     assert "--browser chromium: suite desktop has no browser" in str(exc.value.code)
+
+
+def test_bench_fork_with_chromium_reports_hits_launches_and_restores(tmp_path) -> None:
+    """``bench fork --browser chromium``: the pooled live fork takes a slot (a hit, no launch) and its clone's
+    browser was restored; the figures and their samples are written."""
+    out = tmp_path / "fork.json"
+    proc = bunshin("bench", "fork", "--browser", "chromium", "--forks", "1", "--modes", "cow+pool,cow",
+                   "--catalog-size", "200", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pooled, own = json.loads(out.read_text())["results"]
+    assert (pooled["mode"], pooled["forks"], pooled["hits"]) == ("cow+pool", 1, 1)
+    assert (own["mode"], own["hits"]) == ("cow", 0)
+    assert pooled["launch_ms_p50"] < 50 < own["launch_ms_p50"]  # taken over, not started / started
+    assert pooled["restore_ms_p50"] > 0 and pooled["clone_pss_bytes"] > 100 << 20
+    assert "| cow+pool |" in proc.stdout and "fork 1/1" in proc.stderr
+
+
+def test_the_engine_sizes_the_pool_and_the_flag_reaches_it(monkeypatch) -> None:
+    """``RolloutEngine``: eight slots by default (fewer if fewer rollouts run at once), ``warm_pool=`` says
+    otherwise; ``bunshin eval --warm-pool N`` is that argument."""
+    from bunshin.engine import cli
+    from bunshin.engine.commands import eval_command
+    from bunshin.engine.rollout import RolloutEngine
+    from bunshin.envs.webshop.suite import WebShopSuite
+    from bunshin.policies.scripted import ScriptedPolicy
+
+    suite = WebShopSuite(catalog_size=50, time_scale=0.0)
+    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=16).runtime.warm_pool == 8
+    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=3).runtime.warm_pool == 3
+    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=16, warm_pool=0).runtime.warm_pool == 0
+    with pytest.raises(ValueError, match="warm_pool"):
+        RolloutEngine(suite, ScriptedPolicy(), warm_pool=-1)
+    seen = []
+
+    async def fake(suite, policy, out, **kwargs):
+        seen.append(kwargs["warm_pool"])
+        return {"rollouts": 1}
+
+    monkeypatch.setattr(eval_command, "run_eval", fake)
+    cli.main(["eval", "--suite", "webshop", "--catalog-size", "50", "--warm-pool", "3", "--out", "/tmp/unused"])
+    cli.main(["eval", "--suite", "webshop", "--catalog-size", "50", "--out", "/tmp/unused"])
+    assert seen == [3, None]

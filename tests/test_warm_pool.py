@@ -138,3 +138,4 @@ async def test_a_fork_of_a_text_workspace_never_touches_the_pool(make_runtime) -
     stats = rt.hosts.pool.stats
     assert (stats.hits, stats.misses, stats.started) == (0, 0, 0)
     await ws.close()
+

@@ -112,10 +112,12 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                    limit: int | None = None, group_size: int = 4, concurrency: int = 8,
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
                    max_steps: int = 40, prefix: PrefixSettings | None = None,
-                   speculation: SpecSettings | None = None, ray_address: str | None = None) -> dict[str, Any]:
+                   speculation: SpecSettings | None = None, ray_address: str | None = None,
+                   warm_pool: int | None = None) -> dict[str, Any]:
     """``speculation``: speculative tool execution's settings (None: off). ``ray_address``: run the same job on a
     Ray cluster (``engine/cluster``: one agent per node, ``concurrency`` and ``memory_budget`` per node), as
-    ``ray.init(address=...)`` takes it. What it refuses (the prefix cache or speculation with ``ray_address``,
+    ``ray.init(address=...)`` takes it. ``warm_pool``: ready browsers per engine (``RolloutEngine``'s; None: its
+    default). What it refuses (the prefix cache or speculation with ``ray_address``,
     a tasks file naming tasks the suite does not have) is a ``CommandError``."""
     if ray_address is not None and (prefix is not None or speculation is not None):
         raise CommandError("bunshin eval: --ray: the prefix cache and speculation run on one host only for now")
@@ -126,11 +128,11 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
         from ..cluster.driver import ClusterEngine
 
         engine_cm: Any = ClusterEngine(suite, policy, address=ray_address, backend=backend, concurrency=concurrency,
-                                       memory_budget=memory_budget, max_steps=max_steps)
+                                       memory_budget=memory_budget, max_steps=max_steps, warm_pool=warm_pool)
     else:
         engine_cm = RolloutEngine(suite, policy, backend=backend, concurrency=concurrency,
                                   memory_budget=memory_budget, max_steps=max_steps, prefix=prefix,
-                                  speculation=speculation)
+                                  speculation=speculation, warm_pool=warm_pool)
     async with engine_cm as engine:
         ids = None
         if tasks_file is not None:

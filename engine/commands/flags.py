@@ -93,6 +93,13 @@ def browser_argument(parser: argparse.ArgumentParser) -> None:
                              "default) or chromium (Debian's Chromium, real input events; docs/chromium.md)")
 
 
+def warm_pool_argument(parser: argparse.ArgumentParser) -> None:
+    """``--warm-pool N``: ready browsers the live fork's clones take over (``RolloutEngine``'s ``warm_pool``)."""
+    parser.add_argument("--warm-pool", type=int, default=None, metavar="N",
+                        help="web shop with Chromium: browsers started ahead for the live fork's clones to take "
+                             "over (default: 8, or --concurrency if less; 0: every clone launches its own)")
+
+
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
     """The suite's ``time_scale`` knob (its tools' modelled latency, ``envs/latency.py``) follows ``time_scale``
     unless the user set the knob (``--set time_scale=X``)."""

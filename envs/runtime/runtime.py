@@ -31,7 +31,7 @@ from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
 from .task_scope import run_to_end
-from .warm_pool import DEFAULT_SIZE
+from .warm_pool import DEFAULT_SIZE, PoolStats
 
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
@@ -67,6 +67,10 @@ class WorkspaceRuntime:
     def workspaces(self) -> dict[str, HostWorkspace]:
         """Every live workspace of the run, by id."""
         return self.hosts.workspaces if self.hosts is not None else {}
+
+    def warm_pool_stats(self) -> PoolStats:
+        """The warm pool's counts so far (hits, misses, slots started...; all zero before ``start``)."""
+        return self.hosts.pool.stats if self.hosts is not None else PoolStats()
 
     # -- run lifecycle -----------------------------------------------------------------------------------------
     async def __aenter__(self) -> WorkspaceRuntime:

@@ -3,7 +3,7 @@ the running clones of an app that names them (``AppSpec.warm``) to take over ins
 
 Owns: keeping up to ``size`` ready slots per warm app within the memory budget (a slot is started only while the
 run's charge plus one slot's stays under ``budget_bytes``), handing one to a fork (a hit) or none (a miss: the clone
-starts its own programs), refilling in the background one slot at a time (tasks of the run's scope), the hit and
+starts its own programs), refilling in the background one slot at a time once the fork that took one has ended (tasks of the run's scope), the hit and
 miss counts, and closing the slots nobody took. A slot handed out is the pool's no longer: the clone joins the
 slot's cgroup and network namespace, its app takes what the slot's app lent (``Lend``), and the slot's host and
 layer are removed with the clone (``HostWorkspace.companions``).
@@ -87,7 +87,8 @@ class WarmPool:
             shelf.filling = self.tasks.start_soon(self._fill(shelf), name=f"warm pool {spec.target}")
 
     def take(self, spec: AppSpec) -> HostWorkspace | None:
-        """A ready slot of ``spec`` for a fork (and a refill behind it), or None: no slot is ready."""
+        """A ready slot of ``spec`` for a fork, or None: no slot is ready. The fork asks for the refill (``want``)
+        once it has ended: a slot started meanwhile would take the cores the fork's browser restore needs."""
         shelf = self._shelf(spec)
         while shelf.ready:
             slot = shelf.ready.pop(0)
@@ -95,10 +96,8 @@ class WarmPool:
                 self.tasks.start_soon(slot.close(), name=f"close dead slot {slot.id}")
                 continue
             self.stats.hits += 1
-            self.want(spec)
             return slot
         self.stats.misses += 1
-        self.want(spec)
         return None
 
     async def _fill(self, shelf: _Shelf) -> None:

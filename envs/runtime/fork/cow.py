@@ -44,6 +44,15 @@ class CowFork(AllOrNothingFork):
         clone_id = hosts.new_id()
         warm = source.app_spec.warm
         slot = hosts.pool.take(warm) if warm is not None and not frozen else None
+        try:
+            return await self._fork_with(source, clone_id, slot, seed=seed, frozen=frozen, started=started)
+        finally:
+            if warm is not None and not frozen:
+                hosts.pool.want(warm)  # the refill, once this fork's browser is restored (or the fork failed)
+
+    async def _fork_with(self, source: HostWorkspace, clone_id: str, slot: HostWorkspace | None, *,
+                         seed: int | None, frozen: bool, started: float) -> HostWorkspace:
+        hosts = self.hosts
         if slot is None:
             borrow, cgroup_rel = None, f"ws-{clone_id}"
             group = await asyncio.to_thread(hosts.new_cgroup, clone_id)
