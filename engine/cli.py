@@ -319,11 +319,11 @@ def run(args: argparse.Namespace) -> int:
         with_time_scale(args, args.time_scale)
         ksm_suite = None
         if args.compare_ksm:
-            if dict(args.set).get("ksm") is not None:
-                raise CommandError("--compare-ksm runs both: leave out --set ksm=")
-            args.set = [*args.set, ("ksm", True)]
+            if dict(args.set).get("ksm") is not None or args.ksm is not None:
+                raise CommandError("--compare-ksm runs both: leave out --ksm and --set ksm=")
+            args.ksm = "on"
             ksm_suite = make_suite(args)
-            args.set = [kv for kv in args.set if kv[0] != "ksm"]
+            args.ksm = None
         return event_loop.run(bench_memory.main(make_suite(args), args.rollouts, args.backends, args.group_size,
                                           args.time_scale, args.seed, args.json, args.plot, args.repeat,
                                           ksm_suite=ksm_suite, warm_pool=args.warm_pool))

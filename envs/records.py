@@ -64,6 +64,9 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True):
     # the app of the warm pool's slots for this app's live clones (``runtime/warm_pool.py``): workspaces prepared
     # ahead whose long-lived programs (a browser) a clone takes over instead of starting its own
     warm: AppSpec | None = None
+    # the app's programs opt into KSM (``PR_SET_MEMORY_MERGE``): the run tunes ksmd while such a workspace lives and
+    # gives the host's settings back after (``runtime/ksm.py``)
+    merge_memory: bool = False
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -318,3 +318,25 @@ def test_the_engine_sizes_the_pool_and_the_flag_reaches_it(monkeypatch) -> None:
     cli.main(["eval", "--suite", "webshop", "--catalog-size", "50", "--warm-pool", "3", "--out", "/tmp/unused"])
     cli.main(["eval", "--suite", "webshop", "--catalog-size", "50", "--out", "/tmp/unused"])
     assert seen == [3, None]
+
+
+def test_ksm_flag_sets_the_suites_ksm_knob_and_is_refused_where_nothing_would_opt_in() -> None:
+    """``--ksm on|off`` is the web shop's ``ksm`` knob: with Chromium its workspaces (and the warm pool's slots)
+    declare ``merge_memory``, which has the runtime tune ksmd; without Chromium, or on a suite without a browser, it
+    is refused naming the flag; ``bench memory --compare-ksm`` runs both and refuses it."""
+    import pytest
+
+    from bunshin.engine.commands.flags import make_suite
+    from bunshin.engine.errors import CommandError
+
+    on = make_suite(parse(*EVAL, "--browser", "chromium", "--ksm", "on")).app()
+    assert on.merge_memory and on.kwargs["ksm"] and on.warm is not None and on.warm.merge_memory
+    off = make_suite(parse(*EVAL, "--browser", "chromium", "--ksm", "off")).app()
+    assert not off.merge_memory and not off.warm.merge_memory  # type: ignore[union-attr]
+    assert not make_suite(parse(*EVAL, "--browser", "chromium")).app().merge_memory  # default off
+    with pytest.raises(CommandError, match="--ksm on: only Chromium workspaces opt into KSM"):
+        make_suite(parse(*EVAL, "--ksm", "on"))
+    with pytest.raises(CommandError, match="--ksm on: suite desktop has no browser"):
+        make_suite(parse("eval", "--suite", "desktop", "--out", "/tmp/never", "--ksm", "on"))
+    proc = bunshin("bench", "memory", "--suite", "webshop", "--browser", "chromium", "--compare-ksm", "--ksm", "on")
+    assert proc.returncode != 0 and "--compare-ksm runs both: leave out --ksm" in proc.stderr

@@ -86,11 +86,15 @@ BROWSERS = ("text", "chromium")
 
 
 def browser_argument(parser: argparse.ArgumentParser) -> None:
-    """``--browser``: the suite's ``browser`` knob. Left out (None), the suite keeps its own default (text); a
-    suite without a browser refuses it in ``make_suite``."""
+    """``--browser``: the suite's ``browser`` knob, and ``--ksm on|off``: its ``ksm`` knob. Left out (None), the
+    suite keeps its own default (text, off); a suite without a browser refuses them in ``make_suite``."""
     parser.add_argument("--browser", choices=BROWSERS, default=None,
                         help="web shop: the browser in every workspace: text (the embedded text browser, fast; the "
                              "default) or chromium (Debian's Chromium, real input events; docs/chromium.md)")
+    parser.add_argument("--ksm", choices=("on", "off"), default=None,
+                        help="web shop with Chromium: the workspaces' browsers opt into KSM (the kernel merges their "
+                             "identical pages; ksmd is tuned while they run and the host's settings given back "
+                             "after; docs/chromium.md). Default off")
 
 
 def warm_pool_argument(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +112,7 @@ def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
 
 
 def make_suite(args: argparse.Namespace) -> Suite:
-    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``, ``--browser``)."""
+    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``, ``--browser``, ``--ksm``)."""
     from bunshin.envs.suites.registry import get_suite
 
     knobs = dict(args.set)
@@ -123,6 +127,13 @@ def make_suite(args: argparse.Namespace) -> Suite:
         if knobs.get("browser", browser) != browser:
             raise CommandError(f"--browser {browser} and --set browser={knobs['browser']} disagree")
         knobs["browser"] = browser
+    ksm = getattr(args, "ksm", None)
+    if ksm is not None:
+        if not has_browser(args.suite):
+            raise CommandError(f"--ksm {ksm}: suite {args.suite} has no browser (a web shop flag)")
+        if ksm == "on" and knobs.get("browser", "text") == "text":
+            raise CommandError("--ksm on: only Chromium workspaces opt into KSM: add --browser chromium")
+        knobs["ksm"] = ksm == "on"
     try:
         return get_suite(args.suite, **knobs)
     except (TypeError, ValueError) as exc:

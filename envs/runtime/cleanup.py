@@ -1,7 +1,8 @@
 """Clean-up of runs whose engine died (killed, crashed, machine reset): the path taken at every start.
 
 Owns: deciding that a run is dead (its engine's PID is gone or belongs to a newer process) and removing what it
-left: processes (through its cgroups), the pool mount and its loop device, the run directory.
+left: processes (through its cgroups), the pool mount and its loop device, the run directory, its hold on ksmd's
+tuning (``ksm.py``).
 Every engine also registers its run in a machine-wide directory (``ENGINES``), whatever its state directory: a
 ``bunshin-*`` cgroup belongs to a live run if its engine is registered and alive, so engines with different state
 directories (a test suite and a benchmark, say) never remove each other's cgroups.
@@ -15,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import syscalls
+from . import ksm, syscalls
 from .cgroups import Cgroup, CgroupLayout, CgroupUnavailable
 
 
@@ -126,4 +127,6 @@ def remove_stale_runs(state_dir: Path) -> list[str]:
                 pass
         shutil.rmtree(run_dir, ignore_errors=True)
         removed.append(f"run {run_dir.name}")
+    if ksm.recover(registered_live_runs):  # a dead run held ksmd's tuning: the host's settings back
+        removed.append("ksm tuning")
     return removed

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kmod_probe
+from . import kmod_probe, ksm
 from .cgroups import CgroupLayout, CgroupUnavailable
 
 
@@ -74,6 +74,20 @@ def _docker() -> Check:
     return Check("docker daemon", "200 OK" in answer, answer.splitlines()[0] if answer else "no answer")
 
 
+def _ksm() -> Check:
+    """KSM, which ``--ksm on`` has Chromium workspaces opt into: ksmd's settings now, what it has merged, and
+    whether a run of ours holds its tuning (``ksm.py``)."""
+    if not ksm.available():
+        return Check("KSM", False, "absent (kernel without CONFIG_KSM): --ksm on merges nothing")
+    settings, counters = ksm.read_settings(), ksm.read_counters()
+    detail = " ".join(f"{k}={v}" for k, v in settings.items())
+    detail += f"; pages_sharing={counters.get('pages_sharing', 0)}, full_scans={counters.get('full_scans', 0)}"
+    holders = ksm.holders()
+    detail += f"; tuned by bunshin runs {', '.join(holders)}" if holders else "; the host's own settings"
+    return Check("KSM", True, detail + f"; --ksm on tunes run=1 pages_to_scan={ksm.KsmTuning().pages_to_scan} "
+                 f"sleep_millisecs={ksm.KsmTuning().sleep_millisecs} while its workspaces run")
+
+
 CHROMIUM = "/usr/lib/chromium/chromium"
 
 
@@ -108,8 +122,7 @@ def diagnose() -> Report:
         add(Check("cgroups", False, str(exc)))
     thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
     add(Check("transparent huge pages", thp is not None and "[never]" not in thp, thp or "absent"))
-    ksm = _read("/sys/kernel/mm/ksm/run")
-    add(Check("KSM", ksm is not None, f"run={ksm}" if ksm is not None else "absent"))
+    add(_ksm())
     uffd = _read("/proc/sys/vm/unprivileged_userfaultfd")
     add(Check("userfaultfd", uffd is not None or os.path.exists("/dev/userfaultfd"),
               f"unprivileged_userfaultfd={uffd}" if uffd is not None else "sysctl absent"))

@@ -35,6 +35,7 @@ from .fork.backends import ForkBackend
 from .host_workspace import HostSnapshot, HostWorkspace
 from .image import PreparedImage
 from .image_files import ImageFiles, WorkspaceImage
+from .ksm import KsmHold
 from .layers import LayerStore
 from .nursery import Nursery
 from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
@@ -64,6 +65,7 @@ class RunResources:
     cgroup_fds: list[int]
     warm_pool: int = 0  # ready slots per warm app (``warm_pool.py``); 0: none, every clone starts its own
     warm_budget_bytes: int | None = None  # the run's charge the pool never takes beyond (None: half of what is free)
+    ksm: KsmHold | None = None  # the run's hold on ksmd's tuning, taken by the first workspace that opts into KSM
 
 
 class Hosts:
@@ -126,6 +128,8 @@ class Hosts:
         any failure (cancellation too) undo the cgroup, the layer, the mount point and the process. A workspace of
         an app with warm slots (``AppSpec.warm``) has the pool fill them; ``register=False``: a slot, the pool's."""
         target = self.run.run_dir / "roots" / ws_id
+        if app.merge_memory and self.run.ksm is not None and not self.run.ksm.held:
+            await asyncio.to_thread(self.run.ksm.take)  # ksmd tuned before the first mergeable program starts
         group = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
             asyncio.to_thread(self._make_group_and_root, ws_id, target),
             undo=lambda made: asyncio.to_thread(self.remove_remains, made, layer, ws_id))

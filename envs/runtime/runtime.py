@@ -22,11 +22,12 @@ from ..errors import HostUnsupported
 from ..records import AppSpec, Limits, MemoryStats
 from . import await_points, image_files
 from .cgroups import Cgroup, CgroupLayout
-from .cleanup import engine_record, register, remove_stale_runs, unregister
+from .cleanup import engine_record, register, registered_live_runs, remove_stale_runs, unregister
 from .fork.registry import check_backend, make_backend
 from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
 from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
+from .ksm import KsmHold, KsmTuning
 from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
@@ -43,11 +44,13 @@ class WorkspaceRuntime:
     def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
                  seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
-                 warm_budget_bytes: int | None = None):
+                 warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
-        ``warm_budget_bytes`` of the run's memory charge (None: half of the memory available at the start)."""
+        ``warm_budget_bytes`` of the run's memory charge (None: half of the memory available at the start).
+        ``ksm``: ksmd's scan rate while a workspace of the run opts into KSM (``AppSpec.merge_memory``; None: the
+        default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.limits = limits or Limits()
@@ -58,6 +61,7 @@ class WorkspaceRuntime:
         if warm_pool < 0:
             raise ValueError(f"warm_pool is a count of slots per warm app, got {warm_pool}")
         self.warm_pool, self.warm_budget_bytes = warm_pool, warm_budget_bytes
+        self.ksm_tuning = ksm
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.hosts: Hosts | None = None
@@ -93,6 +97,7 @@ class WorkspaceRuntime:
         register(self.run_id, record)
         staging.rename(self.run_dir)
         self._started = True
+        self.ksm = KsmHold(self.run_id, registered_live_runs, self.ksm_tuning)
         try:
             self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))
             await self.nursery.start()
@@ -106,7 +111,7 @@ class WorkspaceRuntime:
                                start_timeout_s=self.start_timeout_s, nursery=self.nursery, cgroup=self.cgroup,
                                layers=self.layers, image=self.image, runtime_binds=runtime_paths(),
                                pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
-                               warm_budget_bytes=self.warm_budget_bytes)
+                               warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm)
             self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()
@@ -153,6 +158,8 @@ class WorkspaceRuntime:
             await step(asyncio.to_thread(self.cgroup.remove))
         if hasattr(self, "layers"):
             await step(asyncio.to_thread(self.layers.destroy_pool))
+        if hasattr(self, "ksm"):  # every mergeable program is gone: the host's ksmd settings back (if the last)
+            await step(asyncio.to_thread(self.ksm.give_back))
         await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
         unregister(self.run_id)
         if errors:

@@ -60,6 +60,9 @@ class WebShopSuite(Suite):
                  browser: str = "text", ksm: bool = False):
         if browser not in BROWSERS:
             raise ValueError(f"browser must be one of {', '.join(BROWSERS)}, got {browser!r}")
+        if ksm and browser == "text":
+            raise ValueError("ksm: only Chromium workspaces opt into KSM (the text browser's are forked whole); "
+                             "use browser='chromium'")
         self.app_kwargs = {"catalog_size": catalog_size, "catalog_seed": catalog_seed, "image_px": image_px,
                            "screenshots": screenshots, "keep_rasters": keep_rasters, "load_images": load_images,
                            "device_scale": device_scale, "time_scale": check_time_scale(time_scale)}
@@ -128,10 +131,10 @@ class WebShopSuite(Suite):
 
     def app(self, task: SuiteTask | None = None) -> AppSpec:
         """The shop's app; with Chromium, its live clones take their browser from warm-pool slots."""
-        warm = None
+        warm, ksm = None, bool(self.app_kwargs.get("ksm", False))
         if self.app_kwargs.get("browser") == "chromium":
-            warm = AppSpec(target=chromium_slot.TARGET, kwargs={"merge_memory": bool(self.app_kwargs["ksm"])})
-        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs), warm=warm)
+            warm = AppSpec(target=chromium_slot.TARGET, kwargs={"merge_memory": ksm}, merge_memory=ksm)
+        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs), warm=warm, merge_memory=ksm)
 
     def _task(self, task: SuiteTask) -> webarena.WebArenaTask:
         if task.path not in self._loaded:
