@@ -138,6 +138,26 @@ async def test_a_fork_brings_the_clone_to_the_source_browser_state(runtime) -> N
 
 
 
+async def test_history_of_a_clone_moves_as_the_sources_back_and_forward(runtime) -> None:
+    """Every entry but the shown one is restored as a stand-in that history loads from the server when it comes
+    back to it: back and forward in the clone show what they show in the source, from a source that was itself
+    in the middle of its history when it forked."""
+    _, ws, _ = await shop(runtime)
+    for path in ("/checkout/cart/", "/customer/account/", "/sales/order/history/", "/checkout/"):
+        await act(ws, "goto", url=f"{SHOP}{path}")
+    shown = await act(ws, "go_back")  # the source is at the order history, with the checkout ahead of it
+    clone = await ws.fork()
+    try:
+        assert (await act(clone, "observe")).output == shown.output
+        for move in ("go_back", "go_back", "go_forward", "go_forward", "go_forward", "go_back", "go_back",
+                     "go_back"):
+            theirs, mine = await act(ws, move), await act(clone, move)
+            assert (mine.data["url"], mine.output) == (theirs.data["url"], theirs.output), move
+    finally:
+        await clone.close()
+    await ws.close()
+
+
 async def test_a_fork_carries_the_cart_cookie_and_never_posts_again(runtime) -> None:
     suite = WebShopSuite(catalog_size=CATALOG_SIZE, time_scale=0.0, browser="chromium")
     ws = await runtime.create(suite.app())

@@ -37,7 +37,9 @@ COLUMNS = [
     ("mode", "fork"), ("forks", "forks"), ("hits", "pool hits"),
     ("freeze_ms_p50", "freeze p50 ms"), ("ready_ms_p50", "ready p50 ms"), ("ready_ms_p95", "ready p95 ms"),
     ("ready_ms_range", "ready range ms"), ("launch_ms_p50", "browser launch p50 ms"),
-    ("restore_ms_p50", "browser restore p50 ms"), ("clone_pss", "clone PSS p50"),
+    ("restore_ms_p50", "browser restore p50 ms"), ("pages_loaded", "pages loaded"),
+    ("restore_loads_ms_p50", "of which loads p50 ms"), ("restore_check_ms_p50", "of which check p50 ms"),
+    ("clone_pss", "clone PSS p50"),
     ("clone_charge", "clone cgroup p50"), ("clone_processes", "clone processes"),
 ]
 
@@ -87,7 +89,9 @@ async def _measure(mode: str, suite: Suite, forks: int) -> dict[str, Any]:
             rows.append({"freeze_ms": timing.freeze_s * 1e3, "ready_ms": timing.ready_s * 1e3, "wall_ms": wall * 1e3,
                          "hit": timing.warm_slot, "launch_ms": browser["launch_s"] * 1e3,
                          "restore_ms": browser["restore_s"] * 1e3, "pss": memory.pss, "charge": memory.cgroup_charge,
-                         "processes": memory.processes})
+                         "processes": memory.processes,
+                         **{f"restore_{k}_ms": v * 1e3 for k, v in browser["restore_steps"].items() if k != "pages"},
+                         "pages": browser["restore_steps"].get("pages", 0)})
             _log(f"[{mode}] fork {i}/{forks}: ready {rows[-1]['ready_ms']:.0f} ms (launch "
                  f"{rows[-1]['launch_ms']:.0f}, restore {rows[-1]['restore_ms']:.0f}), "
                  f"{'hit' if timing.warm_slot else 'no slot'}, clone PSS {human_bytes(memory.pss)}")
@@ -98,6 +102,8 @@ async def _measure(mode: str, suite: Suite, forks: int) -> dict[str, Any]:
             "hits": sum(r["hit"] for r in rows), "freeze_ms_p50": p50("freeze_ms"), "ready_ms_p50": p50("ready_ms"),
             "ready_ms_p95": percentile(ready, 95), "ready_ms_range": f"{min(ready):.0f}-{max(ready):.0f}",
             "launch_ms_p50": p50("launch_ms"), "restore_ms_p50": p50("restore_ms"),
+            "restore_loads_ms_p50": p50("restore_loads_ms"), "restore_check_ms_p50": p50("restore_check_ms"),
+            "pages_loaded": int(p50("pages")),
             "clone_pss_bytes": int(p50("pss")), "clone_charge_bytes": int(p50("charge")),
             "clone_pss": human_bytes(int(p50("pss"))), "clone_charge": human_bytes(int(p50("charge"))),
             "clone_processes": int(p50("processes")), "samples": rows}

@@ -15,6 +15,7 @@ import base64
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,11 @@ _OPEN_LIMIT = f"""(() => {{ const open = window.open; let opened = 0;
 KEPT_EVENTS = frozenset({"Target.attachedToTarget", "Target.targetDestroyed", "Page.lifecycleEvent",
                          "Page.frameRequestedNavigation", "Page.frameStartedLoading", "Network.requestWillBeSent",
                          "Network.responseReceived", "Fetch.requestPaused"})
+
+
+def _fetch_pattern(url: str) -> str:
+    """``url`` as a Fetch domain pattern matching only itself (``*``, ``?`` and backslash are its wildcards)."""
+    return url.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?")
 
 
 class BrowserError(EnvsError):
@@ -339,27 +345,47 @@ class Chromium:
         if result.get("errorText"):
             tab.status = 0  # Chromium's own error page ("This site can't be reached"): no answer came
 
-    def navigate_served(self, url: str, document: str, deadline: float) -> None:
-        """Load ``url`` in the current tab with ``document`` as its answer, intercepted before it leaves the browser
-        (nothing reaches the server; the page's own resources load as usual)."""
-        tab = self.tab
-        self._clear_loads(tab)
-        self.call("Fetch.enable", {"patterns": [{"urlPattern": url, "requestStage": "Request"}]}, deadline)
+    @contextlib.contextmanager
+    def intercepting(self, urls: list[str], deadline: float) -> Iterator[None]:
+        """While inside: the current tab's requests for ``urls`` stop in the browser (``Fetch.requestPaused``)
+        for ``navigate_served(..., intercepted=True)`` to answer (nothing when ``urls`` is empty)."""
+        if not urls:
+            yield
+            return
+        patterns = [{"urlPattern": _fetch_pattern(url), "requestStage": "Request"} for url in dict.fromkeys(urls)]
+        self.call("Fetch.enable", {"patterns": patterns}, deadline)
         try:
-            navigating = self.cdp.send("Page.navigate", {"url": url}, session=tab.session)
-            paused = self.cdp.wait_event("Fetch.requestPaused", deadline, session=tab.session)
-            body = base64.b64encode(document.encode()).decode()
-            self.call("Fetch.fulfillRequest", {"requestId": paused["params"]["requestId"], "responseCode": 200,
-                                               "responseHeaders": [{"name": "Content-Type",
-                                                                    "value": "text/html; charset=utf-8"}],
-                                               "body": body}, deadline)
-            self.cdp.reply(navigating, "Page.navigate", deadline)
-            self._wait_load(tab, deadline)
+            yield
         finally:
             self.call("Fetch.disable", {}, deadline)
+
+    def navigate_served(self, url: str, document: str, deadline: float, *, post_answer: bool = True,
+                        intercepted: bool = False) -> None:
+        """Load ``url`` in the current tab with ``document`` as its answer, intercepted before it leaves the browser
+        (nothing reaches the server; the page's own resources load as usual). ``post_answer``: the document is a
+        POST's answer (a fork of this browser serves it the same way); else it is a stand-in never stored (the
+        entry's page loads from the server when history comes back to it). ``intercepted``: inside
+        ``intercepting`` for ``url`` already (else it intercepts for this one load)."""
+        if not intercepted:
+            with self.intercepting([url], deadline):
+                self.navigate_served(url, document, deadline, post_answer=post_answer, intercepted=True)
+            return
+        tab = self.tab
+        self._clear_loads(tab)
+        navigating = self.cdp.send("Page.navigate", {"url": url}, session=tab.session)
+        paused = self.cdp.wait_event("Fetch.requestPaused", deadline, session=tab.session)
+        body = base64.b64encode(document.encode()).decode()
+        self.call("Fetch.fulfillRequest", {"requestId": paused["params"]["requestId"], "responseCode": 200,
+                                           "responseHeaders": [{"name": "Content-Type",
+                                                                "value": "text/html; charset=utf-8"},
+                                                               {"name": "Cache-Control", "value": "no-store"}],
+                                           "body": body}, deadline)
+        self.cdp.reply(navigating, "Page.navigate", deadline)
+        self._wait_load(tab, deadline)
         self._clear_loads(tab)
         self._note_documents(tab)
-        tab.posted.add(url)  # still a POST's answer: a fork of this clone serves it the same way
+        if post_answer:
+            tab.posted.add(url)  # still a POST's answer: a fork of this clone serves it the same way
 
     def history_go(self, delta: int, deadline: float) -> bool:
         """Back (-1) or forward (+1) in the current tab's history; False when there is nowhere to go."""

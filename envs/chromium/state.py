@@ -3,19 +3,22 @@
 Owns: ``BrowserState`` (every tab's history and position in it, scroll offsets, the values typed into fields but
 not submitted, the focused field, the cookies, and what the current tab showed: its URL and accessibility tree),
 ``capture`` (from a running browser, in the source before its workspace forks), ``restore`` (into a fresh browser
-in the clone: cookies first, then every tab's history loaded again entry by entry, then fields, focus and
-scroll), and the check that the clone shows what the source showed (URL and tree of the current tab), else
+in the clone: cookies first, then every tab's history entry by entry, then fields, focus and scroll), and the check that the clone shows what the source showed (URL and tree of the current tab), else
 ``BrowserStateMismatch`` naming what differs. A page reached by a POST is never posted again: the shop answers
 its POSTs with a redirect, so history mostly holds the GET that followed; the page shown when it is a POST's answer
 (a form sent back with its errors) is served to the clone's browser from what the source showed (its document as it stands, through Chromium's request
 interception: the URL is the source's, nothing reaches the server); one further back in history is refused
-(``BrowserStateUnsupported``): going back to it would post again.
+(``BrowserStateUnsupported``): going back to it would post again. Only the entry shown is loaded from the server:
+every other entry of a tab's history is committed with an empty stand-in document served the same way and never
+stored (the back-forward cache is off, so going back or forward to an entry loads its URL from the server then, as
+the source's browser would), which spares a restore every page's load but one per tab.
 Must never: hand back a clone that differs from its source without saying so.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import field
 from typing import Any
 
@@ -46,6 +49,9 @@ _RESTORE_FIELDS = """((state) => {
   return '';
 })"""
 
+
+# an entry of history that is not shown: only its URL matters (history brings its page from the server)
+STAND_IN = "<!DOCTYPE html><title></title>"
 
 _DOCUMENT = ("(document.doctype ? '<!DOCTYPE ' + document.doctype.name + '>' : '') "
              "+ document.documentElement.outerHTML")
@@ -85,10 +91,11 @@ def capture(browser: Chromium, deadline: float) -> BrowserState:
         for k, entry in enumerate(entries):
             if entry["url"] not in tab.posted:
                 continue
-            if k != current:
+            if k != current or k != len(entries) - 1:
                 raise BrowserStateUnsupported(
                     f"tab {browser.tabs.index(tab)} has a page reached by a POST in its history "
-                    f"({entry['url'][:200]}); going back to it would post again, so it cannot be restored")
+                    f"({entry['url'][:200]}) it is not at the end of; going back or forward to it would post "
+                    f"again, so it cannot be restored")
             served[k] = str(browser.evaluate(_DOCUMENT, deadline, session=tab.session))
         page = browser.evaluate(_CAPTURE_FIELDS, deadline, session=tab.session) or {}
         tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=current, page=page, served=served))
@@ -97,31 +104,59 @@ def capture(browser: Chromium, deadline: float) -> BrowserState:
                         tree=browser.ax_tree(deadline).render())
 
 
-def restore(browser: Chromium, state: BrowserState, deadline: float) -> None:
-    """Bring the freshly started ``browser`` to ``state``; ``BrowserStateMismatch`` if the result differs."""
+def restore(browser: Chromium, state: BrowserState, deadline: float) -> dict[str, float]:
+    """Bring the freshly started ``browser`` to ``state``; ``BrowserStateMismatch`` if the result differs. The
+    seconds each part took: ``cookies``, ``stand_ins`` (the entries not shown), ``loads`` (``pages`` loaded whole),
+    ``history`` (the way back to the shown entry), ``fields`` (typed values, focus, scroll), ``check``."""
     cdp = browser.cdp
+    steps = dict.fromkeys(("cookies", "stand_ins", "loads", "pages", "history", "fields", "check"), 0.0)
+    mark = time.monotonic()
+
+    def lap(step: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps[step] += now - mark
+        mark = now
+
     if state.cookies:
         cdp.call("Storage.setCookies", {"cookies": [_settable(c) for c in state.cookies]}, deadline=deadline)
+    lap("cookies")
     for i, tab_state in enumerate(state.tabs):
         if i > 0:
             browser.new_tab(deadline)
         browser.current = i
-        for k, url in enumerate(tab_state.urls):
-            if k in tab_state.served:
-                browser.navigate_served(url, tab_state.served[k], deadline)
-            elif url != "about:blank" or len(tab_state.urls) == 1:
-                browser.navigate(url, deadline)
-        back = len(tab_state.urls) - 1 - tab_state.index
-        if back:
+        urls, last = tab_state.urls, len(tab_state.urls) - 1
+        shown_last = tab_state.index == last
+        # a fresh tab has its about:blank already; every entry but the shown one is a stand-in
+        entries = [k for k, url in enumerate(urls) if url != "about:blank" or last == 0]
+        stand_ins = [k for k in entries if not (shown_last and k == last)]
+        with browser.intercepting([urls[k] for k in stand_ins], deadline):
+            for k in stand_ins:
+                browser.navigate_served(urls[k], STAND_IN, deadline, post_answer=False, intercepted=True)
+        lap("stand_ins")
+        if shown_last and last in entries:
+            if last in tab_state.served:
+                browser.navigate_served(urls[last], tab_state.served[last], deadline)
+            else:
+                browser.navigate(urls[last], deadline)
+            steps["pages"] += 1
+        lap("loads")
+        back = last - tab_state.index
+        if back:  # the shown entry's page, loaded from the server (or a POST's answer, served) now
             history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=browser.tab.session)
             entry = history["entries"][history["currentIndex"] - back]
             browser.go_to_entry(entry["id"], deadline)
+            steps["pages"] += 1
+        lap("history")
         if tab_state.page:
             problem = browser.evaluate(f"{_RESTORE_FIELDS}({json.dumps(tab_state.page)})", deadline)
             if problem:
                 raise BrowserStateMismatch(f"tab {i}: {problem}")
+        lap("fields")
     browser.current = state.current
     check(browser, state, deadline)
+    lap("check")
+    return steps
 
 
 def check(browser: Chromium, state: BrowserState, deadline: float) -> None:

@@ -136,6 +136,7 @@ class ShopApp(WorkspaceApp):
         data: dict[str, Any] = {"browser": self.browser_kind}
         if isinstance(self.browser, ChromiumShopBrowser):
             data.update(launch_s=self.browser.launch_s, restore_s=self.browser.restore_s,
+                        restore_steps=self.browser.restore_steps,
                         started_s=self.browser.chromium.started_s, warm=self.browser.warm)
         return Observation(data=data)
 

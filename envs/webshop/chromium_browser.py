@@ -34,6 +34,7 @@ class ChromiumShopBrowser:
         self.pages = WebArenaPages(self.chromium, start_url, screenshots=screenshots)
         self.saved: browser_state.BrowserState | None = None  # taken before a fork, restored in the clone
         self.launch_s = self.restore_s = 0.0  # the last fork's: starting a Chromium, bringing it to the state
+        self.restore_steps: dict[str, float] = {}  # the last fork's restore, part by part (``state.restore``)
         self.warm = False  # the last fork's Chromium was a warm-pool slot's (launch_s: only taking it over)
 
     def start(self) -> None:
@@ -101,7 +102,7 @@ class ChromiumShopBrowser:
         self.warm = lent is not None
         launched = time.monotonic()
         if self.saved is not None:
-            browser_state.restore(self.chromium, self.saved, deadline)
+            self.restore_steps = browser_state.restore(self.chromium, self.saved, deadline)
         self.launch_s, self.restore_s = launched - started, time.monotonic() - launched
 
     def suspend(self) -> None:
