@@ -5,6 +5,8 @@ clone, on a failed fork too."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bunshin.envs.errors import ForkFailed
@@ -139,3 +141,20 @@ async def test_a_fork_of_a_text_workspace_never_touches_the_pool(make_runtime) -
     assert (stats.hits, stats.misses, stats.started) == (0, 0, 0)
     await ws.close()
 
+
+async def test_the_private_restore_keeps_no_slots(make_runtime) -> None:
+    """The baseline starts every clone's browser itself, as CRIU's restore would: the run keeps no slot ready for
+    it (a slot nobody takes would be memory charged to the baseline)."""
+    rt = await make_runtime(backend="restore", warm_pool=2)
+    suite = WebShopSuite(catalog_size=50, time_scale=0.0, browser="chromium")
+    ws = await rt.create(suite.app())
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("warm pool")]  # no refill started
+    clone = await ws.fork()
+    try:
+        assert not clone.last_fork.warm_slot
+        assert (await act(clone, "observe")).error is None
+    finally:
+        await clone.close()
+    stats = rt.hosts.pool.stats
+    assert (stats.hits, stats.started) == (0, 0) and not rt.hosts.pool.ready(suite.app().warm)
+    await ws.close()

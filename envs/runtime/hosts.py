@@ -167,7 +167,7 @@ class Hosts:
             raise
         if register:
             self.register(ws)
-            if app.warm is not None and not frozen:
+            if app.warm is not None and not frozen and self.backend.takes_warm_slots:
                 self.pool.want(app.warm)
         return ws
 

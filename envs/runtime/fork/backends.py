@@ -17,6 +17,9 @@ from ..task_scope import run_to_end
 
 class ForkBackend(Protocol):
     name: str
+    # whether its clones take their long-lived programs from the warm pool (``warm_pool.py``): the run keeps slots
+    # ready only for a backend that takes them (a private restore starts its own, as CRIU's would)
+    takes_warm_slots: bool
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         """A clone of ``source`` (a HostSnapshot when ``frozen``), registered with the run's hosts."""
@@ -31,6 +34,7 @@ class AllOrNothingFork:
     a channel in step."""
 
     name = ""
+    takes_warm_slots = False
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         return await run_to_end(self._fork(source, seed=seed, frozen=frozen), undo=lambda clone: clone.close())

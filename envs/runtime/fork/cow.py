@@ -34,6 +34,7 @@ from .backends import AllOrNothingFork, clone_seed
 
 class CowFork(AllOrNothingFork):
     name = "cow"
+    takes_warm_slots = True
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
