@@ -124,6 +124,7 @@ class RolloutEngine:
         try:
             await self.policy.check()  # a model server that is not there or not set up fails the run here
             self.tasks = {t.id: t for t in await asyncio.to_thread(self.suite.tasks)}
+            self.runtime.prepare(self.suite.app())  # the warm pool fills while the first groups set up
             self.meter = MemoryMeter(self.runtime.memory_charge, self.meter_interval_s,
                                      detail=self.runtime.memory_detail if self.memory_detail_s else None,
                                      detail_interval_s=self.memory_detail_s or 1.0)

@@ -532,6 +532,9 @@ class MemoryRuntime:
         finally:
             await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
 
+    def prepare(self, app: AppSpec) -> None:
+        """The real runtime's warm pool has nothing to fill here: the apps run in-process and fork whole."""
+
     async def create(self, app: AppSpec | None = None, *, seed: int | None = None,
                      hostname: str | None = None) -> MemoryWorkspace:
         """A new workspace running ``app`` (set up in a thread); ``seed`` defaults as the real runtime's does.

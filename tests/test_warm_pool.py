@@ -158,3 +158,17 @@ async def test_the_private_restore_keeps_no_slots(make_runtime) -> None:
     stats = rt.hosts.pool.stats
     assert (stats.hits, stats.started) == (0, 0) and not rt.hosts.pool.ready(suite.app().warm)
     await ws.close()
+
+
+async def test_an_engine_fills_the_pool_as_it_starts(state_dir) -> None:
+    """The first group's forks should find browsers ready: ``RolloutEngine`` has the runtime prepare the suite's
+    app when it starts (``WorkspaceRuntime.prepare``), before any workspace exists."""
+    from bunshin.engine.rollout import RolloutEngine
+    from bunshin.policies.scripted import ScriptedPolicy
+
+    suite = WebShopSuite(catalog_size=50, time_scale=0.0, browser="chromium")
+    async with RolloutEngine(suite, ScriptedPolicy(time_scale=0.0), concurrency=2, state_dir=state_dir) as engine:
+        rt = engine.runtime
+        assert not rt.workspaces
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("warm pool")]  # filling already
+        assert await until(lambda: len(rt.hosts.pool.ready(suite.app().warm)) == 2, 60), rt.warm_pool_stats()

@@ -167,9 +167,15 @@ class Hosts:
             raise
         if register:
             self.register(ws)
-            if app.warm is not None and not frozen and self.backend.takes_warm_slots:
-                self.pool.want(app.warm)
+            if not frozen:
+                self.prepare(app)
         return ws
+
+    def prepare(self, app: AppSpec) -> None:
+        """Have the warm pool fill the slots the live clones of ``app`` will take (nothing for an app without
+        slots, or a backend whose clones take none)."""
+        if app.warm is not None and self.backend.takes_warm_slots:
+            self.pool.want(app.warm)
 
     async def _start_slot(self, spec: AppSpec) -> HostWorkspace:
         """A warm-pool slot: a new workspace of ``spec`` on a layer of its own, registered nowhere."""

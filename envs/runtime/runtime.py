@@ -166,6 +166,12 @@ class WorkspaceRuntime:
             raise errors[0]
 
     # -- workspaces -----------------------------------------------------------------------------------------------
+    def prepare(self, app: AppSpec) -> None:
+        """Get ready to fork workspaces of ``app``: the warm pool starts filling the slots their live clones take
+        (in the background, within its budget; nothing for an app without slots or a backend that takes none), so
+        that the first forks of a run find a browser ready."""
+        self._hosts().prepare(app)
+
     def _hosts(self) -> Hosts:
         if self.hosts is None:
             raise RuntimeError("the runtime is not started (use `async with WorkspaceRuntime(...)` or start())")
