@@ -56,7 +56,11 @@ from .speculation.speculator import Speculator
 
 Finish = Callable[[Trajectory], Any]
 log = logging.getLogger(__name__)
-WARM_POOL = 8  # ready browsers by default: a group of eight samples (a usual GRPO group) forks without a launch
+# ready browsers by default: every idle slot is a browser's memory (~200 MiB) held for the whole run, and on few
+# cores a slot's launch takes the same CPU as the clone's own would (BENCHMARKS.md, "The web shop in Chromium":
+# eight slots cost 0.04 of the peak ratio at 16 rollouts and hit 13 forks in 60); raise it where fork latency
+# matters more than memory (speculation on many cores)
+WARM_POOL = 2
 
 
 def _producer_failed(exc: BaseException) -> None:  # raised to the stream's consumer, if it is still there
@@ -79,8 +83,8 @@ class RolloutEngine:
         ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
         the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process.
         ``warm_pool``: ready warm-pool slots per warm app (a Chromium workspace's clones take their browser from
-        one, ``envs/runtime/warm_pool.py``; None: ``WARM_POOL`` or ``concurrency`` if less, a GRPO group's forks
-        find their browsers ready; 0: every clone starts its own), within ``memory_budget`` (None: the pool's own
+        one, ``envs/runtime/warm_pool.py``; None: ``WARM_POOL`` or ``concurrency`` if less; 0: every clone starts
+        its own), within ``memory_budget`` (None: the pool's own
         default). The slots are the run's memory: every figure of the run includes them."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -98,7 +102,8 @@ class RolloutEngine:
             kwargs["state_dir"] = Path(state_dir)
         if warm_pool is not None and warm_pool < 0:
             raise ValueError(f"warm_pool is a count of slots, got {warm_pool}")
-        kwargs.update(warm_pool=min(concurrency, WARM_POOL) if warm_pool is None else warm_pool, warm_budget_bytes=memory_budget)
+        kwargs.update(warm_pool=min(concurrency, WARM_POOL) if warm_pool is None else warm_pool,
+                      warm_budget_bytes=memory_budget)
         self.runtime = runtime if runtime is not None else WorkspaceRuntime(**kwargs)
         self.meter_interval_s, self.memory_detail_s = meter_interval_s, memory_detail_s
         self.tasks: dict[str, SuiteTask] = {}

@@ -294,7 +294,7 @@ def test_bench_fork_with_chromium_reports_hits_launches_and_restores(tmp_path) -
 
 
 def test_the_engine_sizes_the_pool_and_the_flag_reaches_it(monkeypatch) -> None:
-    """``RolloutEngine``: eight slots by default (fewer if fewer rollouts run at once), ``warm_pool=`` says
+    """``RolloutEngine``: two slots by default (fewer if fewer rollouts run at once), ``warm_pool=`` says
     otherwise; ``bunshin eval --warm-pool N`` is that argument."""
     from bunshin.engine import cli
     from bunshin.engine.commands import eval_command
@@ -303,8 +303,8 @@ def test_the_engine_sizes_the_pool_and_the_flag_reaches_it(monkeypatch) -> None:
     from bunshin.policies.scripted import ScriptedPolicy
 
     suite = WebShopSuite(catalog_size=50, time_scale=0.0)
-    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=16).runtime.warm_pool == 8
-    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=3).runtime.warm_pool == 3
+    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=16).runtime.warm_pool == 2
+    assert RolloutEngine(suite, ScriptedPolicy(), concurrency=1).runtime.warm_pool == 1
     assert RolloutEngine(suite, ScriptedPolicy(), concurrency=16, warm_pool=0).runtime.warm_pool == 0
     with pytest.raises(ValueError, match="warm_pool"):
         RolloutEngine(suite, ScriptedPolicy(), warm_pool=-1)

@@ -101,7 +101,7 @@ def warm_pool_argument(parser: argparse.ArgumentParser) -> None:
     """``--warm-pool N``: ready browsers the live fork's clones take over (``RolloutEngine``'s ``warm_pool``)."""
     parser.add_argument("--warm-pool", type=int, default=None, metavar="N",
                         help="web shop with Chromium: browsers started ahead for the live fork's clones to take "
-                             "over (default: 8, or --concurrency if less; 0: every clone launches its own)")
+                             "over (default: 2, or --concurrency if less; 0: every clone launches its own)")
 
 
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
