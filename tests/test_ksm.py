@@ -64,6 +64,13 @@ def workspace_frames(ws) -> set[int]:
     return set().union(*(merged_frames(pid) for pid in ws.cgroup.procs()))
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "<gone>"
+
+
 def merge_any(pid: int) -> bool:
     """Whether ``pid`` opted into KSM (``PR_SET_MEMORY_MERGE``: ``ksm_merge_any: yes`` in its ksm_stat)."""
     try:
@@ -192,3 +199,26 @@ def test_a_corrupt_record_is_set_aside_and_a_hold_without_ksm_does_nothing(sysfs
     assert not absent.take() and not absent.held
     absent.give_back()
     assert sorted(os.listdir(state)) == ["ksm.corrupt", "ksm.lock"]  # nothing held, nothing written
+
+
+@needs_ksm
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", ["cow", "restore"])
+async def test_what_opts_in_is_what_the_fork_cannot_share(make_runtime, backend: str) -> None:
+    """A workspace that opts in has every program merged under the private restore (its clones share nothing),
+    and under the live fork only its app's own programs (the host's pages are its clones' already)."""
+    rt = await make_runtime(backend=backend, warm_pool=0)
+    ws = await rt.create(WebShopSuite(catalog_size=50, time_scale=0.0, browser="chromium", ksm=True).app())
+    clone = await ws.fork()
+    try:
+        for w in (ws, clone):
+            procs = set(w.cgroup.procs())  # Chromium's own (the browser's processes, its crash handler) and ours
+            browsers = {pid for pid in procs if cmdline(pid).startswith("/usr/lib/chromium/")}
+            others = procs - browsers
+            assert browsers and all(merge_any(pid) for pid in browsers)
+            assert w.pid in others and len(others) >= 2  # the host and the shop's server worker
+            wrong = [cmdline(pid) for pid in others if merge_any(pid) != (backend == "restore")]
+            assert not wrong, (backend, w.id, wrong)
+    finally:
+        await clone.close()
+    await ws.close()

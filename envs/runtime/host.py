@@ -90,6 +90,8 @@ class Host:
         state = self.state
         cfg = state.config
         join_by_fds(state.cgroup_fds, cfg.cgroup_rel)
+        if cfg.merge_memory:  # before the app's memory exists: the host, its workers and agents inherit it
+            syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
         try:  # lowering needs CAP_SYS_RESOURCE, which some sandboxes drop; agents are raised regardless
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(HOST_OOM_SCORE_ADJ))

@@ -141,6 +141,9 @@ class Hosts:
             image_binds=[b.path for b in run.image.binds], runtime_binds=run.runtime_binds,
             mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=run.nursery.pid,
             restore_from=restore_from, restore_workers=restore_workers, faults=run.faults,
+            # KSM for what the fork cannot share: under a live fork the host's pages are its clones' already (the
+            # app opts in its own programs, a browser); under a private restore nothing is shared, all may merge
+            merge_memory=app.merge_memory and not self.backend.shares_memory,
         )
         pid: int | None = None
         try:

@@ -34,6 +34,9 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
     restore_workers: int = 0  # worker images beside it, ``<restore_from>.w<index>``
     faults: list[str] = []
+    # every program of the workspace may be merged by KSM (``PR_SET_MEMORY_MERGE`` on the host before anything
+    # starts, inherited): a workspace that opts in under a backend whose clones share nothing (``ksm.py``)
+    merge_memory: bool = False
 
 
 class Execute(msgspec.Struct, frozen=True, kw_only=True, tag="execute"):

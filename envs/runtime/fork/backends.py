@@ -20,6 +20,9 @@ class ForkBackend(Protocol):
     # whether its clones take their long-lived programs from the warm pool (``warm_pool.py``): the run keeps slots
     # ready only for a backend that takes them (a private restore starts its own, as CRIU's would)
     takes_warm_slots: bool
+    # whether its clones share the source's memory (a live fork): a workspace opting into KSM then has only what
+    # the fork cannot share merged (its app's own programs), not the host's pages its clones map already
+    shares_memory: bool
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         """A clone of ``source`` (a HostSnapshot when ``frozen``), registered with the run's hosts."""
@@ -35,6 +38,7 @@ class AllOrNothingFork:
 
     name = ""
     takes_warm_slots = False
+    shares_memory = False
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         return await run_to_end(self._fork(source, seed=seed, frozen=frozen), undo=lambda clone: clone.close())

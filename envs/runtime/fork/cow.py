@@ -35,6 +35,7 @@ from .backends import AllOrNothingFork, clone_seed
 class CowFork(AllOrNothingFork):
     name = "cow"
     takes_warm_slots = True
+    shares_memory = True
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
