@@ -3,8 +3,8 @@
 Owns: the procedure and its table. For each browser, one workspace of the shop (no modelled latency:
 ``time_scale`` 0, so a step costs what the browser and the shop's server cost) plays the reference solution of the
 first ``--tasks`` tasks of every template, ``--repeat`` times, from each task's start page; before every step
-(and before the final one, which is not run) it also takes an observation (``observe``: the accessibility tree and, with ``--screenshots``, the viewport PNG, as
-an agent sees the page). Per tool: the wall time of the call through the runtime (the engine's side of one
+(and before the final one, which is not run) it also takes an observation (``observe``: the accessibility tree
+and, unless ``--no-screenshots``, the viewport PNG, as an agent sees the page). Per tool: the wall time of the call through the runtime (the engine's side of one
 step: request, the browser's work, the tool's page-ready wait, the answer) as p50, p95 and count, and the
 Chromium/text ratio of the medians.
 Leaves out: the policy's time, the fork at a rollout's start (``bench fork --browser chromium``), the task's

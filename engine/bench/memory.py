@@ -2,9 +2,8 @@
 and without KSM (``--compare-ksm``).
 
 Owns: the procedure and its summary. For each repeat, configuration (a backend; with KSM or not) and rollout
-count N, one engine runs N concurrent
-rollouts of the suite's calibrated default workload (``--group-size`` samples per task, the first N / group-size
-tasks, the scripted policy with ``--time-scale`` so that rollouts overlap; the same scale goes to the suite's
+count N, one engine runs N concurrent rollouts of the suite's calibrated default workload (``--group-size`` samples
+per task, the first N / group-size tasks, the scripted policy with ``--time-scale`` so that rollouts overlap; the same scale goes to the suite's
 ``time_scale`` knob, its modelled tool latency, unless ``--set time_scale=X`` gives another). Its meter samples the
 run's cgroup charge every 0.25 s (every workspace of the run, shared pages counted once; each host's interpreter
 start-up included, for both backends) and, every second in a thread, the detailed reading: PSS summed over the run's
@@ -67,13 +66,13 @@ async def measure(config: Config, rollouts: int, group_size: int, time_scale: fl
     async with engine:
         requests = engine.requests(limit=groups, group_size=group_size, seed=seed)
         results = await engine.run(requests)
-        pool = dataclasses.asdict(engine.runtime.warm_pool_stats()) if hasattr(engine.runtime, "warm_pool_stats") \
-            else {}
+        pool = dataclasses.asdict(engine.runtime.warm_pool_stats())
     wall = time.monotonic() - started
     ksmd_after = ksmd_cpu_s()
     meter = engine.meter
     peaks = meter.detail_peaks()
-    return {"config": config.name, "backend": config.backend, "ksm": config.ksm, "rollouts": len(results), "peak_bytes": meter.peak_bytes,
+    return {"config": config.name, "backend": config.backend, "ksm": config.ksm, "rollouts": len(results),
+            "peak_bytes": meter.peak_bytes,
             "mean_bytes": round(meter.mean_bytes), "total_gib_s": round(meter.gib_s, 3), "wall_s": round(wall, 2),
             "metered_s": round(meter.wall_s, 2),
             "pss_peak": max((d["pss"] + d["shmem"] for _, d in meter.details), default=0),

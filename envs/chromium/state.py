@@ -3,15 +3,17 @@
 Owns: ``BrowserState`` (every tab's history and position in it, scroll offsets, the values typed into fields but
 not submitted, the focused field, the cookies, and what the current tab showed: its URL and accessibility tree),
 ``capture`` (from a running browser, in the source before its workspace forks), ``restore`` (into a fresh browser
-in the clone: cookies first, then every tab's history entry by entry, then fields, focus and scroll), and the check that the clone shows what the source showed (URL and tree of the current tab), else
-``BrowserStateMismatch`` naming what differs. A page reached by a POST is never posted again: the shop answers
-its POSTs with a redirect, so history mostly holds the GET that followed; the page shown when it is a POST's answer
-(a form sent back with its errors) is served to the clone's browser from what the source showed (its document as it stands, through Chromium's request
-interception: the URL is the source's, nothing reaches the server); one further back in history is refused
-(``BrowserStateUnsupported``): going back to it would post again. Only the entry shown is loaded from the server:
-every other entry of a tab's history is committed with an empty stand-in document served the same way and never
-stored (the back-forward cache is off, so going back or forward to an entry loads its URL from the server then, as
-the source's browser would), which spares a restore every page's load but one per tab.
+in the clone: cookies first, then every tab's history entry by entry, then fields, focus and scroll), and the
+check that the clone shows what the source showed (URL and tree of the current tab), else ``BrowserStateMismatch``
+naming what differs. Only the entry shown is loaded from the server: every other entry of a tab's history is
+committed with an empty stand-in document served through Chromium's request interception and never stored (the
+back-forward cache is off, so going back or forward to an entry loads its URL from the server then, as the
+source's browser would), which spares a restore every page's load but one per tab. A page reached by a POST is
+never posted again: the shop answers its POSTs with a redirect, so history mostly holds the GET that followed; a
+page shown that is a POST's answer (a form sent back with its errors) at the end of its tab's history is served to
+the clone's browser from what the source showed (its document as it stands, intercepted the same way: nothing
+reaches the server); one anywhere else in history is refused (``BrowserStateUnsupported``): going back or forward
+to it would post again.
 Must never: hand back a clone that differs from its source without saying so.
 """
 
