@@ -5,6 +5,7 @@ clone a Chromium of its own brought to the source's state and checked equal."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from pathlib import Path
@@ -155,6 +156,36 @@ async def test_history_of_a_clone_moves_as_the_sources_back_and_forward(runtime)
             assert (mine.data["url"], mine.output) == (theirs.data["url"], theirs.output), move
     finally:
         await clone.close()
+    await ws.close()
+
+
+async def test_a_clone_screenshot_is_the_sources_pixel_for_pixel(runtime) -> None:
+    """What the agent sees of a clone is what it would have seen of its source, screenshot included: a link to a
+    page the source visited is not drawn visited (the browser keeps no history: an off-the-record context, as
+    Playwright's), no text caret is drawn (it blinks: timing), a click leaves the pointer off the page (hover would
+    depend on when Chromium noticed it), a hover's pointer comes along. Each was a difference once."""
+    _, ws, _ = await shop(runtime)
+    await act(ws, "goto", url=f"{SHOP}/checkout/cart/")
+    await act(ws, "goto", url=f"{SHOP}/customer/account/")
+    home = await act(ws, "goto", url=f"{SHOP}/")  # its header links to the cart and the account: both visited
+    search = element(home, "textbox", SEARCH)
+    steps = [("type", {"element_id": search, "text": "boots", "press_enter_after": False}),  # a caret in the box
+             ("click", {"element_id": element(home, "link", "My Cart")}),  # the pointer left on a link
+             ("go_back", {}),
+             ("hover", {"element_id": element(home, "link", "My Account")})]  # hovered on purpose
+    for name, args in steps:
+        await act(ws, name, **args)
+        theirs = await act(ws, "observe")
+        for _ in range(2):  # the same whenever it is taken: a caret's blink (~0.5 s a phase) must not show
+            await asyncio.sleep(0.55)  # modelled: the time between two looks, not a wait for something to happen
+            assert (await act(ws, "observe")).data["screenshot"] == theirs.data["screenshot"], name
+        clone = await ws.fork()
+        try:
+            mine = await act(clone, "observe")
+            assert mine.output == theirs.output, name
+            assert mine.data["screenshot"] == theirs.data["screenshot"], f"the clone's screenshot differs after {name}"
+        finally:
+            await clone.close()
     await ws.close()
 
 

@@ -54,7 +54,7 @@ def flags(viewport: tuple[int, int]) -> list[str]:
         "DialMediaRouteProvider,InterestFeedContentSuggestions,CalculateNativeWinOcclusion",
         "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
         "--disable-backgrounding-occluded-windows", "--font-render-hinting=none", "--disable-ipc-flooding-protection",
-        "--disable-back-forward-cache",
+        "--disable-back-forward-cache", "--incognito",
         "about:blank",
     ]
 
@@ -64,6 +64,14 @@ def flags(viewport: tuple[int, int]) -> list[str]:
 OPEN_LIMIT = 4
 _OPEN_LIMIT = f"""(() => {{ const open = window.open; let opened = 0;
   window.open = function (...args) {{ return ++opened > {OPEN_LIMIT} ? null : open.apply(this, args); }}; }})()"""
+# A screenshot shows no text caret (Playwright's default too): a caret blinks, and whether a capture falls on its
+# on or off phase is timing, not the page's state: the same page would give two screenshots
+_CARET_HIDDEN = """(() => { const sheet = new CSSStyleSheet();
+  sheet.replaceSync('*, *::before, *::after { caret-color: transparent !important; }');
+  document.adoptedStyleSheets = [...document.adoptedStyleSheets, sheet];
+  return () => { document.adoptedStyleSheets = document.adoptedStyleSheets.filter((s) => s !== sheet); }; })()"""
+PARKED = (-1.0, -1.0)  # the pointer after a click: outside the page, hovering nothing
+
 KEPT_EVENTS = frozenset({"Target.attachedToTarget", "Target.targetDestroyed", "Page.lifecycleEvent",
                          "Page.frameRequestedNavigation", "Page.frameStartedLoading", "Network.requestWillBeSent",
                          "Network.responseReceived", "Fetch.requestPaused"})
@@ -90,6 +98,7 @@ class Tab:
     documents: int = 0  # main-frame documents loaded (a navigation happened when it grew)
     status: int = 0  # the HTTP status of the document shown
     last_tree: axtree.AxTree | None = field(default=None, repr=False)
+    pointer: tuple[float, float] = (-1.0, -1.0)  # where the mouse is (viewport coordinates; outside: nowhere)
 
 
 class Chromium:
@@ -543,7 +552,16 @@ class Chromium:
         # Headless Chromium composites no frame for a tab in the background, and a capture of one waits for a
         # frame forever: the tab is brought to the front first (it is the agent's current tab anyway).
         self.call("Page.bringToFront", {}, deadline)
-        data = self.call("Page.captureScreenshot", {"format": "png"}, deadline)["data"]
+        shown = self.call("Runtime.evaluate", {"expression": _CARET_HIDDEN}, deadline).get("result", {})
+        try:
+            data = self.call("Page.captureScreenshot", {"format": "png"}, deadline)["data"]
+        finally:
+            if shown.get("objectId"):  # the caret back as the page had it
+                self.cdp.send("Runtime.callFunctionOn", {"objectId": shown["objectId"],
+                                                         "functionDeclaration": "function () { this(); }"},
+                              session=self.tab.session, forget=True)
+                self.cdp.send("Runtime.releaseObject", {"objectId": shown["objectId"]}, session=self.tab.session,
+                              forget=True)
         return base64.b64decode(data)
 
     # -- input ----------------------------------------------------------------------------------------------------
@@ -566,11 +584,17 @@ class Chromium:
         if kind != "mouseMoved":
             params.update(button="left", clickCount=clicks)
         self.call("Input.dispatchMouseEvent", params, deadline)
+        self.tab.pointer = (x, y)
 
     def click(self, x: float, y: float, deadline: float) -> None:
+        """A click at (x, y), then the pointer parked outside the page (``PARKED``): where a click landed would
+        otherwise stay hovered, and whether the page it led to shows a hover depends on when Chromium notices the
+        pointer over it (timing: an executed step and a forked one would see other screenshots). ``hover`` keeps
+        the pointer where it moved it, and a fork brings it there (``state.py``)."""
         self.mouse("mouseMoved", x, y, deadline)
         self.mouse("mousePressed", x, y, deadline)
         self.mouse("mouseReleased", x, y, deadline)
+        self.mouse("mouseMoved", *PARKED, deadline)
 
     def key(self, key: str, deadline: float, modifiers: int = 0) -> None:
         """Press and release one key (``keys.py``'s names: Enter, Backspace, a...), with modifier bits."""

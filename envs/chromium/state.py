@@ -72,6 +72,7 @@ class TabState(msgspec.Struct, frozen=True):
     index: int
     page: dict[str, Any]  # fields, active, scroll of the page shown
     served: dict[int, str] = {}  # history index -> the document of a POST's answer, served instead of posting again
+    pointer: tuple[float, float] = (-1.0, -1.0)  # the mouse, in viewport coordinates (a ``hover`` left it there)
 
 
 class BrowserState(msgspec.Struct, frozen=True):
@@ -100,8 +101,10 @@ def capture(browser: Chromium, deadline: float) -> BrowserState:
                     f"again, so it cannot be restored")
             served[k] = str(browser.evaluate(_DOCUMENT, deadline, session=tab.session))
         page = browser.evaluate(_CAPTURE_FIELDS, deadline, session=tab.session) or {}
-        tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=current, page=page, served=served))
-    cookies = cdp.call("Storage.getCookies", deadline=deadline).get("cookies", [])
+        tabs.append(TabState(urls=[str(e["url"]) for e in entries], index=current, page=page, served=served,
+                             pointer=tab.pointer))
+    # the tabs' own context's (an off-the-record one: ``browser.flags``), through a tab's session
+    cookies = browser.call("Network.getAllCookies", {}, deadline).get("cookies", [])
     return BrowserState(tabs=tabs, current=browser.current, cookies=cookies, url=browser.url(deadline),
                         tree=browser.ax_tree(deadline).render())
 
@@ -121,7 +124,7 @@ def restore(browser: Chromium, state: BrowserState, deadline: float) -> dict[str
         mark = now
 
     if state.cookies:
-        cdp.call("Storage.setCookies", {"cookies": [_settable(c) for c in state.cookies]}, deadline=deadline)
+        browser.call("Network.setCookies", {"cookies": [_settable(c) for c in state.cookies]}, deadline)
     lap("cookies")
     for i, tab_state in enumerate(state.tabs):
         if i > 0:
@@ -154,6 +157,8 @@ def restore(browser: Chromium, state: BrowserState, deadline: float) -> dict[str
             problem = browser.evaluate(f"{_RESTORE_FIELDS}({json.dumps(tab_state.page)})", deadline)
             if problem:
                 raise BrowserStateMismatch(f"tab {i}: {problem}")
+        if tuple(tab_state.pointer) != tuple(browser.tab.pointer):  # what a hover left hovered
+            browser.mouse("mouseMoved", *tab_state.pointer, deadline)
         lap("fields")
     browser.current = state.current
     check(browser, state, deadline)
