@@ -97,14 +97,14 @@ async def test_chromium_observes_the_shop_as_webarena_does(runtime) -> None:
 async def test_real_input_navigates_searches_and_goes_back(runtime) -> None:
     _, ws, home = await shop(runtime)
     search = element(home, "textbox", SEARCH)
-    results = await act(ws, "type", element_id=search, text="shirt", press_enter_after=True)
-    assert "/catalogsearch/result/" in results.data["url"] and "q=shirt" in results.data["url"]
+    results = await act(ws, "type", element_id=search, text="evergreen", press_enter_after=True)
+    assert "/catalogsearch/result/" in results.data["url"] and "q=evergreen" in results.data["url"]
     back = await act(ws, "go_back")
     assert back.data["url"] == f"{SHOP}/"
     forward = await act(ws, "go_forward")
     assert forward.data["url"] == results.data["url"]
     scrolled = await act(ws, "scroll", direction="down")
-    assert scrolled.output != forward.output  # another part of the page is in the viewport
+    assert scrolled.output != forward.output  # another part of the page (a dozen results) is in the viewport
     missing = await ws.execute(call("click", element_id=999_999))
     assert missing.error and "no element [999999]" in missing.error  # an error observation, the workspace goes on
     await act(ws, "observe")

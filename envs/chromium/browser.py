@@ -54,7 +54,7 @@ def flags(viewport: tuple[int, int]) -> list[str]:
         "DialMediaRouteProvider,InterestFeedContentSuggestions,CalculateNativeWinOcclusion",
         "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
         "--disable-backgrounding-occluded-windows", "--font-render-hinting=none", "--disable-ipc-flooding-protection",
-        "--disable-back-forward-cache", "--incognito",
+        "--disable-back-forward-cache",
         "about:blank",
     ]
 
@@ -111,6 +111,7 @@ class Chromium:
         self.tabs: list[Tab] = []
         self.current = 0
         self.started_s = 0.0
+        self.context_id: str | None = None  # the browser context its tabs live in (``_first_tab``)
         self.dialogs = 0
 
     # -- life ---------------------------------------------------------------------------------------------------
@@ -142,17 +143,36 @@ class Chromium:
         self.started_s = time.monotonic() - started
 
     def _first_tab(self, deadline: float) -> None:
-        self.cdp.call("Browser.setDownloadBehavior", {"behavior": "deny"}, deadline=deadline)  # nothing lands on disk
+        """The browser context every tab of this browser lives in, and its first tab. The context is off the
+        record, as Playwright's contexts are: it keeps no history, so no link is drawn visited (a clone's fresh
+        browser could not draw the same ones: its screenshots would differ from its source's), and nothing of it
+        is written to the profile; the browser's own first page, in its default context, is closed."""
         self.cdp.call("Target.setDiscoverTargets", {"discover": True}, deadline=deadline)
         self.cdp.call("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False,
                                                 "flatten": True}, deadline=deadline)
-        pages = [t for t in self.cdp.call("Target.getTargets", deadline=deadline)["targetInfos"]
-                 if t.get("type") == "page"]
-        if not pages:
-            pages = [{"targetId": self.cdp.call("Target.createTarget", {"url": "about:blank"},
-                                                 deadline=deadline)["targetId"]}]
-        self.tabs = [self._attach(pages[0]["targetId"], deadline)]
+        default_pages = [t["targetId"] for t in self.cdp.call("Target.getTargets", deadline=deadline)["targetInfos"]
+                         if t.get("type") == "page"]
+        self.context_id = self.cdp.call("Target.createBrowserContext", {}, deadline=deadline)["browserContextId"]
+        for context in (None, self.context_id):  # nothing lands on disk, from either context
+            self.cdp.call("Browser.setDownloadBehavior", {"behavior": "deny",
+                                                          **({"browserContextId": context} if context else {})},
+                          deadline=deadline)
+        first = self._create_target(deadline)
+        self.tabs = [self._attach(first, deadline)]
+        self._drop_attached(first)
         self.current = 0
+        for target in default_pages:
+            with contextlib.suppress(CdpError):
+                self.cdp.call("Target.closeTarget", {"targetId": target}, deadline=deadline)
+            self._drop_attached(target)  # not a pop-up of ours
+        self.cdp.take_events("Target.targetDestroyed")
+
+    def _create_target(self, deadline: float, **params: Any) -> str:
+        """A new page target in this browser's context (``context_id``); its id."""
+        if self.context_id:
+            params["browserContextId"] = self.context_id
+        return str(self.cdp.call("Target.createTarget", {"url": "about:blank", **params},
+                                 deadline=deadline)["targetId"])
 
     def close(self) -> None:
         """Close the pipe and kill the browser (its whole PID namespace)."""
@@ -182,6 +202,7 @@ class Chromium:
         fds = {"cdp_commands": self.pipe.write_fd, "cdp_replies": self.pipe.read_fd}
         data = {"browser": "chromium", "pid": self.process.pid, "viewport": list(self.viewport),
                 "merge_memory": self.merge_memory, "started_s": self.started_s, "current": self.current,
+                "context_id": self.context_id,
                 "tabs": [{"target_id": t.target_id, "session": t.session, "frame_id": t.frame_id,
                           "documents": t.documents, "status": t.status} for t in self.tabs],
                 "pipe": self.pipe.hand_over()}
@@ -203,6 +224,7 @@ class Chromium:
                                on_event=browser._on_event, handed=data["pipe"])
         browser.tabs = [Tab(**t) for t in data["tabs"]]
         browser.current, browser.started_s = int(data["current"]), float(data["started_s"])
+        browser.context_id = data.get("context_id")
         return browser
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -294,7 +316,7 @@ class Chromium:
     def new_tab(self, deadline: float) -> Tab:
         if len(self.tabs) >= MAX_TABS:
             raise BrowserError(f"at most {MAX_TABS} tabs are open at once")
-        target = self.cdp.call("Target.createTarget", {"url": "about:blank"}, deadline=deadline)["targetId"]
+        target = self._create_target(deadline)
         tab = self._attach(target, deadline)
         self._drop_attached(target)
         self.tabs.append(tab)
@@ -458,8 +480,7 @@ class Chromium:
     def in_scratch_tab(self, url: str, expression: str, deadline: float) -> Any:
         """Load ``url`` in a tab the agent never sees (the browser's cookies, no history of any tab changes),
         evaluate ``expression`` there, close it."""
-        target = self.cdp.call("Target.createTarget", {"url": "about:blank", "background": True},
-                               deadline=deadline)["targetId"]
+        target = self._create_target(deadline, background=True)
         try:
             tab = self._attach(target, deadline)
             self._drop_attached(target)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .catalog import Product
 from .store import ADDRESS_FIELDS, CUSTOMER, SHIPPING_PER_ITEM_CENTS, CustomerReview, Order
+from .style import STYLE
 
 e = html.escape
 ADDRESS_LABELS = {"firstname": "First Name", "lastname": "Last Name", "street": "Street Address", "city": "City",
@@ -46,7 +47,8 @@ def order_url(order_id: int) -> str:
 
 def _page(title: str, body: str, message: str = "") -> str:
     notice = f"<div class=\"messages\"><div class=\"message\">{e(message)}</div></div>" if message else ""
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{e(title)}</title></head><body>"
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{e(title)}</title><style>{STYLE}</style>"
+            f"</head><body>"
             f"<header class=\"page-header\"><ul class=\"header links\">"
             f"<li><a href=\"/customer/account/\">My Account</a></li>"
             f"<li><a class=\"action showcart\" href=\"/checkout/cart/\">My Cart</a></li></ul>"
