@@ -250,3 +250,31 @@ async def test_a_forked_shop_shares_at_least_half_its_memory_after_ten_actions(r
                       await asyncio.to_thread(page_set, b.cgroup.procs()))
     assert sharing.physically_shared_fraction >= 0.5, sharing
     assert sharing.a_bytes > 200 << 20  # the default workspace is a few hundred MB
+
+
+def test_the_stylesheet_changes_nothing_the_text_browser_shows() -> None:
+    """The Luma stylesheet (``envs/webshop/style.py``) is for Chromium: the text browser's tree of every kind of page,
+    ids included, is the one it builds from the same page without it (a ``<style>`` before the content renumbered
+    every element and changed every recorded trajectory once)."""
+    from bunshin.envs.webshop import html
+    from bunshin.envs.webshop.browser import accessibility, dom
+    from bunshin.envs.webshop.catalog import Catalog
+    from bunshin.envs.webshop.style import STYLE
+
+    catalog = Catalog(50, 0)
+    product = catalog[3]
+
+    class Listed:  # what the listing pages take: a product with its page's url
+        def __init__(self, p) -> None:
+            self.sku, self.name, self.price, self.rating, self.reviews = p.sku, p.name, p.price, p.rating, p.reviews
+            self.url, self.price_cents = "/p.html", p.price_cents
+
+    listed = [Listed(catalog[i]) for i in range(12)]
+    pages = [html.home(catalog.categories()), html.search_results("boots", listed, 30, 1, 3),
+             html.product_page(product, [], related=listed[:4]), html.cart([(listed[0], 2)]),
+             html.checkout([(listed[0], 1)], {}, ["city"])]
+    for page in pages:
+        assert f"<style>{STYLE}</style>" in page
+        trees = [accessibility.build(dom.parse_html(markup), dom.page_title(dom.parse_html(markup))).text()
+                 for markup in (page, page.replace(f"<style>{STYLE}</style>", ""))]
+        assert trees[0] == trees[1]

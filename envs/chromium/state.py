@@ -132,12 +132,15 @@ def restore(browser: Chromium, state: BrowserState, deadline: float) -> dict[str
         browser.current = i
         urls, last = tab_state.urls, len(tab_state.urls) - 1
         shown_last = tab_state.index == last
-        # a fresh tab has its about:blank already; every entry but the shown one is a stand-in
+        # a fresh tab has its about:blank already (the source's first page replaced its own, a tab that waited in
+        # the pool keeps it: history is reset after the first entry); every entry but the shown one is a stand-in
         entries = [k for k, url in enumerate(urls) if url != "about:blank" or last == 0]
         stand_ins = [k for k in entries if not (shown_last and k == last)]
         with browser.intercepting([urls[k] for k in stand_ins], deadline):
-            for k in stand_ins:
+            for n, k in enumerate(stand_ins):
                 browser.navigate_served(urls[k], STAND_IN, deadline, post_answer=False, intercepted=True)
+                if n == 0:
+                    cdp.call("Page.resetNavigationHistory", deadline=deadline, session=browser.tab.session)
         lap("stand_ins")
         if shown_last and last in entries:
             if last in tab_state.served:
@@ -145,12 +148,17 @@ def restore(browser: Chromium, state: BrowserState, deadline: float) -> dict[str
             else:
                 browser.navigate(urls[last], deadline)
             steps["pages"] += 1
+            if not stand_ins:
+                cdp.call("Page.resetNavigationHistory", deadline=deadline, session=browser.tab.session)
         lap("loads")
         back = last - tab_state.index
-        if back:  # the shown entry's page, loaded from the server (or a POST's answer, served) now
-            history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=browser.tab.session)
-            entry = history["entries"][history["currentIndex"] - back]
-            browser.go_to_entry(entry["id"], deadline)
+        history = cdp.call("Page.getNavigationHistory", deadline=deadline, session=browser.tab.session)
+        made = [str(e["url"]) for e in history["entries"]]
+        if made != [urls[k] for k in entries]:  # an entry lost or replaced on the way: never a silent difference
+            raise BrowserStateMismatch(f"tab {i}'s history came out as {_short(made)}, the source's is "
+                                       f"{_short([urls[k] for k in entries])}")
+        if back:  # the shown entry's page, loaded from the server now
+            browser.go_to_entry(history["entries"][history["currentIndex"] - back]["id"], deadline)
             steps["pages"] += 1
         lap("history")
         if tab_state.page:
@@ -180,6 +188,10 @@ def check(browser: Chromium, state: BrowserState, deadline: float) -> None:
             f"the restored page's accessibility tree differs from the source's at line {at + 1}: "
             f"{(mine[at] if at < len(mine) else '<end>')[:200]!r} against "
             f"{(theirs[at] if at < len(theirs) else '<end>')[:200]!r}")
+
+
+def _short(urls: list[str]) -> str:
+    return "[" + ", ".join(u[:120] for u in urls[:20]) + (", ..." if len(urls) > 20 else "") + "]"
 
 
 def _settable(cookie: dict[str, Any]) -> dict[str, Any]:

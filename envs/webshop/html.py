@@ -47,8 +47,9 @@ def order_url(order_id: int) -> str:
 
 def _page(title: str, body: str, message: str = "") -> str:
     notice = f"<div class=\"messages\"><div class=\"message\">{e(message)}</div></div>" if message else ""
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{e(title)}</title><style>{STYLE}</style>"
-            f"</head><body>"
+    # the stylesheet closes the body: the text browser numbers every node of the document in order, so a
+    # ``<style>`` before the content would renumber every element it shows (its observations would change)
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{e(title)}</title></head><body>"
             f"<header class=\"page-header\"><ul class=\"header links\">"
             f"<li><a href=\"/customer/account/\">My Account</a></li>"
             f"<li><a class=\"action showcart\" href=\"/checkout/cart/\">My Cart</a></li></ul>"
@@ -57,7 +58,7 @@ def _page(title: str, body: str, message: str = "") -> str:
             f"<input id=\"search\" type=\"text\" name=\"q\" placeholder=\"Search entire store here...\">"
             f"<button type=\"submit\" class=\"action search\">Search</button></form></header>"
             f"<main id=\"maincontent\" class=\"page-main\"><h1 class=\"page-title\"><span class=\"base\">{e(title)}"
-            f"</span></h1>{notice}{body}</main></body></html>")
+            f"</span></h1>{notice}{body}</main><style>{STYLE}</style></body></html>")
 
 
 def _items(products: list[Any]) -> str:  # products with a .url

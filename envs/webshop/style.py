@@ -2,8 +2,9 @@
 search box, a category menu, a product grid with images, a product page with its picture beside the price and the
 cart form, tables with rules, forms with labels), on the class names ``html.py`` gives the pages.
 
-Owns: the CSS, inlined in every page's ``<head>`` (no extra request per page). Real Chromium draws it; the text
-browser leaves ``<style>`` out, so its observations and block screenshots are what they were.
+Owns: the CSS, inlined at the end of every page's ``<body>`` (no extra request per page; after the content, so the
+text browser, which numbers the document's nodes in order, numbers the elements it shows as before). Real Chromium
+draws it; the text browser leaves ``<style>`` out, so its observations and block screenshots are what they were.
 Must never: hide an element or change what a page says: only where and how things are drawn (Chromium's
 accessibility tree then differs from the text browser's only as ``docs/suites.md`` lists).
 """
