@@ -85,6 +85,14 @@ def test_the_actions_hash_ignores_observations_and_ratios_count_what_differs() -
     assert (acted["same_behaviour"], acted["same_actions"], acted["rollouts_acting_differently"]) == (False, False, 1)
     table = epoch.tables(records, [seen, acted])
     assert "1 saw other observations" in table and "NO: 1 rollouts act or score differently" in table
+    # each differing rollout whole, beside the reference's: what a reader diffs
+    [saw, scored_apart] = epoch.differing_rollouts(records)
+    assert (saw["mode"], saw["rollout"], saw["acts_differently"]) == ("prefix", "1:t1/1", False)
+    assert saw["this"]["observations"][0]["output"] == "page 1 in 2.4s 0"
+    assert saw["reference"]["observations"][0]["output"] == "page 1 0"
+    assert scored_apart["acts_differently"]
+    assert (scored_apart["reference"]["reward"], scored_apart["this"]["reward"]) == (1.0, 0.0)
+    assert epoch.differing_rollouts(records[:1]) == []
 
 
 def test_a_meter_window_has_its_own_peak_and_integral() -> None:
@@ -153,7 +161,9 @@ async def test_a_tiny_run_writes_every_field_and_a_plot(state_dir: Path, tmp_pat
         assert r["wall_s"] > 0 and r["peak_bytes"] > 0 and r["total_gib_s"] > 0 and r["tool_s_executed"] > 0
         assert all(0 <= a <= b <= r["wall_s"] + 0.01 for a, b in r["running"])
         assert len(r["rewards_sha256"]) == 64
-    assert records[0]["actions_sha256"] != records[0]["rewards_sha256"] and "per_rollout" not in records[0]
+    assert records[0]["actions_sha256"] != records[0]["rewards_sha256"]
+    assert "per_rollout" not in records[0] and "behaviours" not in records[0]
+    assert not (tmp_path / "epoch-differing.jsonl").exists()  # nothing differs: nothing beside the JSON
     assert data["ratios"] == [] and data["tasks"] == 2 and data["group_size"] == 2
     for name in ("epoch-webshop.png", "epoch-webshop-memory.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == PNG

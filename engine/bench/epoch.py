@@ -30,7 +30,9 @@ differences, gauges at the epoch's end), None without a prefix cache; ``speculat
 so ``branch_bytes_peak`` is the engine's peak so far; ``spec_top1``/``spec_topk`` recomputed from the epoch's
 hits and decisions), None without speculation; beside it ``spec_top1``, ``spec_topk``, ``spec_adopted_s``,
 ``spec_wasted_s``, ``spec_hidden_s``, ``spec_branch_bytes_peak`` (None without speculation) and
-``speculated_steps`` (steps whose source is ``speculated``, from the trajectories).
+``speculated_steps`` (steps whose source is ``speculated``, from the trajectories). Beside the JSON,
+``<name>-differing.jsonl``: each rollout that differs from the first mode's, both behaviours whole
+(``differing_rollouts``), written only when one does.
 Must never: compare modes that ran different tasks or seeds, or hash timings, seeds, ids, lineage or a step's
 source (equal behaviour gives equal hashes in every mode).
 """
@@ -90,10 +92,35 @@ def trajectories_sha256(trajectories: Iterable[Trajectory], observations: bool =
     return digest.hexdigest()
 
 
+def rollout_key(t: Trajectory) -> str:
+    """A rollout's name across modes: its group id and sample."""
+    return f"{t.group_id}/{t.sample}"
+
+
 def per_rollout(trajectories: Iterable[Trajectory]) -> dict[str, tuple[str, str]]:
-    """(hash with observations, hash without) of each rollout, by group id and sample (equal across modes)."""
-    return {f"{t.group_id}/{t.sample}": (trajectories_sha256([t]), trajectories_sha256([t], observations=False))
+    """(hash with observations, hash without) of each rollout, by ``rollout_key`` (equal across modes)."""
+    return {rollout_key(t): (trajectories_sha256([t]), trajectories_sha256([t], observations=False))
             for t in trajectories}
+
+
+def differing_rollouts(records: list[dict[str, Any]], reference: str = "base") -> list[dict[str, Any]]:
+    """Every rollout of a mode-epoch whose behaviour differs from the reference mode's same rollout, with both
+    behaviours side by side (``acts_differently``: its calls, final, status or reward differ, not only what it
+    saw), for a difference to be read rather than only counted."""
+    ref = {r["epoch"]: r for r in records if r["mode"] == reference}
+    found = []
+    for r in records:
+        base = ref.get(r["epoch"])
+        if r["mode"] == reference or base is None:
+            continue
+        mine, theirs = r.get("per_rollout", {}), base.get("per_rollout", {})
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) != theirs.get(key):
+                found.append({"mode": r["mode"], "epoch": r["epoch"], "rollout": key,
+                              "acts_differently": mine.get(key, ("", ""))[1] != theirs.get(key, ("", ""))[1],
+                              "reference": base.get("behaviours", {}).get(key),
+                              "this": r.get("behaviours", {}).get(key)})
+    return found
 
 
 def choose_tasks(engine: RolloutEngine, policy: Policy, n: int) -> list[str]:
@@ -186,7 +213,8 @@ def record(mode: str, epoch: int, seed: int, trajectories: list[Trajectory], wal
             "statuses": statuses, "prefix": prefix, **speculation_fields(speculation, steps),
             "running": sorted((round(a, 3), round(b, 3)) for a, b in running),
             "memory": [(t, v) for t, v in memory],
-            "per_rollout": per_rollout(trajectories)}  # for ``ratios``; not written to the JSON
+            "per_rollout": per_rollout(trajectories),  # for ``ratios``; not written to the JSON
+            "behaviours": {rollout_key(t): behaviour(t) for t in trajectories}}  # for ``differing_rollouts``; neither
 
 
 async def run_mode(suite: Suite, policy: Policy, mode: str, epochs: int, *, tasks: int, group_size: int,
@@ -315,10 +343,15 @@ async def main(suite: Suite, policy: Policy, modes: list[str], epochs: int, *, t
     rs = ratios(records, reference=modes[0])
     print(tables(records, rs, reference=modes[0]))
     if json_path:
-        written = [{k: v for k, v in r.items() if k != "per_rollout"} for r in records]
+        written = [{k: v for k, v in r.items() if k not in ("per_rollout", "behaviours")} for r in records]
         write_json(json_path, {"suite": suite.name, "knobs": suite.knobs, "policy": policy.name,
                                "modes": modes, "epochs": epochs, "tasks": tasks, "group_size": group_size,
                                "seed": seed, "config": config or {}, "ratios": rs, "records": written})
+        differing = differing_rollouts(records, reference=modes[0])
+        if differing:  # each one whole, beside the reference's: what to diff
+            path = json_path.with_name(f"{json_path.stem}-differing.jsonl")
+            path.write_bytes(b"".join(msgspec.json.encode(d, order="sorted") + b"\n" for d in differing))
+            print(f"wrote {path}: {len(differing)} rollouts that differ from {modes[0]}'s, beside its own", file=log)
     if plots:
         plots.mkdir(parents=True, exist_ok=True)
         title = f"{suite.name}, {policy.name} policy, {tasks} groups of {group_size}"
