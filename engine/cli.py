@@ -396,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
         return 0 if summary["rollouts"] else 1
     if args.command == "replay":
-        from .commands.replay_command import run_replay
+        from .commands.replay_command import recorded_knobs, run_replay
         from .records import read_jsonl
         from .report import write_json
 
@@ -404,6 +404,13 @@ def run(args: argparse.Namespace) -> int:
         if first is None:
             raise CommandError(f"{args.trajectories}: no trajectories")
         args.suite = first.suite
+        given = [k for k, _ in args.set] + (["catalog_size"] if args.catalog_size is not None else []) + (
+            ["browser", "ksm"] if args.browser is not None else []) + (["ksm"] if args.ksm is not None else [])
+        recorded = recorded_knobs(args.trajectories, given)
+        if recorded:
+            print(f"replaying with the knobs recorded beside it: "
+                  f"{' '.join(f'{k}={v}' for k, v in sorted(recorded.items()))}", file=sys.stderr)
+        args.set = list(recorded.items()) + list(args.set)
         report = event_loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
                                      concurrency=args.concurrency))
         print(json.dumps({k: v for k, v in report.items() if k != "differences"}))

@@ -110,9 +110,11 @@ def test_eval_then_replay_from_the_command_line(tmp_path: Path) -> None:
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 4
     report_path = tmp_path / "replay.json"
-    proc = bunshin("replay", str(out / "trajectories.jsonl"), "--catalog-size", "2000", "--set", "time_scale=0",
-                   "--json", str(report_path), env=env)
+    assert summary["knobs"]["catalog_size"] == 2000 and summary["knobs"]["time_scale"] == 0
+    # the replay builds the suite as recorded (summary.json's knobs), told nothing
+    proc = bunshin("replay", str(out / "trajectories.jsonl"), "--json", str(report_path), env=env)
     assert proc.returncode == 0, proc.stderr
+    assert "replaying with the knobs recorded beside it: " in proc.stderr and "catalog_size=2000" in proc.stderr
     report = json.loads(report_path.read_text())
     assert report["trajectories"] == report["identical_observations"] == report["identical_rewards"] == 4
     assert host_processes() == []  # the engine process took its workspaces with it
@@ -340,3 +342,21 @@ def test_ksm_flag_sets_the_suites_ksm_knob_and_is_refused_where_nothing_would_op
         make_suite(parse("eval", "--suite", "desktop", "--out", "/tmp/never", "--ksm", "on"))
     proc = bunshin("bench", "memory", "--suite", "webshop", "--browser", "chromium", "--compare-ksm", "--ksm", "on")
     assert proc.returncode != 0 and "--compare-ksm runs both: leave out --ksm" in proc.stderr
+
+
+def test_replay_takes_the_recorded_knobs_unless_the_command_line_names_them(tmp_path: Path) -> None:
+    from bunshin.engine.commands.replay_command import recorded_knobs
+    from bunshin.engine.errors import CommandError
+
+    recording = tmp_path / "trajectories.jsonl"
+    assert recorded_knobs(recording, []) == {}  # no summary beside it: nothing recorded
+    (tmp_path / "summary.json").write_text(json.dumps({"rollouts": 1}))
+    assert recorded_knobs(recording, []) == {}  # an older eval's summary
+    (tmp_path / "summary.json").write_text(json.dumps({"knobs": {"browser": "chromium", "ksm": True,
+                                                                 "catalog_size": 500, "time_scale": 0.05}}))
+    assert recorded_knobs(recording, []) == {"browser": "chromium", "ksm": True, "catalog_size": 500,
+                                             "time_scale": 0.05}
+    assert recorded_knobs(recording, ["browser", "ksm", "catalog_size"]) == {"time_scale": 0.05}
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(CommandError, match="summary.json: cannot read the recording's knobs"):
+        recorded_knobs(recording, [])

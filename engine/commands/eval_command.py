@@ -164,6 +164,7 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     summary["steps_by_source"] = steps_by_source(trajectories)
     summary["speculation"] = dict(spec) if spec is not None else None
     summary["refused"] = msgspec.to_builtins(refused)
+    summary["knobs"] = dict(suite.knobs)  # what ``bunshin replay`` of this recording builds the suite with
     if ray_address is not None:
         summary["cluster"] = {"nodes": len(engine.infos), "lost_nodes": len(engine.dead),
                               "retried": sum(t.attempts > 1 for t in trajectories),

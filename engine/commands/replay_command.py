@@ -1,20 +1,41 @@
 """``bunshin replay``: re-execute recorded trajectories in fresh workspaces and compare, step by step.
 
-Owns: turning a recording back into requests (one per recorded group, with its run seed and size) and the
-comparison ``{"trajectories", "identical_observations", "identical_rewards", "differences"}``.
+Owns: turning a recording back into requests (one per recorded group, with its run seed and size), the suite's
+knobs as recorded (``recorded_knobs``), and the comparison ``{"trajectories", "identical_observations", "identical_rewards", "differences"}``.
 Must never: call a trajectory reproduced unless its first observation, every step's observation and its reward are
 equal to the recording's.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bunshin.envs.suites.base import Suite
 
+from ..errors import CommandError
 from ..records import RolloutRequest, TaskSpec, read_jsonl
 from ..rollout import RolloutEngine
+
+
+def recorded_knobs(path: Path, given: Iterable[str]) -> dict[str, Any]:
+    """The suite knobs the recording ``path`` was made with, from the ``summary.json`` ``bunshin eval`` wrote beside
+    it ({} without one, or from an older eval that did not record them), less the knobs in ``given`` (what the
+    command line names wins): a recording made in Chromium replays in Chromium without being told."""
+    summary = path.parent / "summary.json"
+    try:
+        knobs = json.loads(summary.read_text()).get("knobs") or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CommandError(f"{summary}: cannot read the recording's knobs from it ({exc}); move it away or name "
+                           f"the knobs with --set") from exc
+    if not isinstance(knobs, dict):
+        raise CommandError(f"{summary}: its knobs are not a mapping of name to value")
+    skip = set(given)
+    return {str(k): v for k, v in knobs.items() if k not in skip}
 
 
 async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurrency: int = 8) -> dict[str, Any]:
