@@ -71,6 +71,16 @@ def cmdline(pid: int) -> str:
         return "<gone>"
 
 
+def has_memory(pid: int) -> bool:
+    """Whether ``pid`` still has an address space: not gone, not exiting (its memory already dropped) and not a zombie
+    its parent has yet to reap (Chromium reaps its own helpers a moment after they exit; such a process has no
+    cmdline and no pages to merge)."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[0]) > 0
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def merge_any(pid: int) -> bool:
     """Whether ``pid`` opted into KSM (``PR_SET_MEMORY_MERGE``: ``ksm_merge_any: yes`` in its ksm_stat)."""
     try:
@@ -212,12 +222,15 @@ async def test_what_opts_in_is_what_the_fork_cannot_share(make_runtime, backend:
     clone = await ws.fork()
     try:
         for w in (ws, clone):
-            procs = set(w.cgroup.procs())  # Chromium's own (the browser's processes, its crash handler) and ours
-            browsers = {pid for pid in procs if cmdline(pid).startswith("/usr/lib/chromium/")}
-            others = procs - browsers
-            assert browsers and all(merge_any(pid) for pid in browsers)
+            # Chromium's own (the browser's processes, its crash handler) and ours; each read, then kept only if it
+            # still had memory after the reads (a helper Chromium is reaping has no cmdline and nothing to merge)
+            seen = {pid: (cmdline(pid), merge_any(pid)) for pid in w.cgroup.procs()}
+            seen = {pid: read for pid, read in seen.items() if has_memory(pid)}
+            browsers = {pid for pid, (line, _) in seen.items() if line.startswith("/usr/lib/chromium/")}
+            others = set(seen) - browsers
+            assert browsers and all(seen[pid][1] for pid in browsers)
             assert w.pid in others and len(others) >= 2  # the host and the shop's server worker
-            wrong = [cmdline(pid) for pid in others if merge_any(pid) != (backend == "restore")]
+            wrong = [seen[pid][0] for pid in others if seen[pid][1] != (backend == "restore")]
             assert not wrong, (backend, w.id, wrong)
     finally:
         await clone.close()
