@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="what this host supports and which fork backends can run here")
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    images = sub.add_parser("images", help="the declared workspace images: build them, list them (docs/images.md)")
+    images_sub = images.add_subparsers(dest="images_command", required=True)
+    images_build = images_sub.add_parser("build", help="build declared images that are not built yet (as root: "
+                                         "mmdebstrap from the Debian archive, a minute or a few each)")
+    images_build.add_argument("names", nargs="*", help="image names (bunshin images list shows them)")
+    images_build.add_argument("--all", action="store_true", help="every declared image")
+    images_sub.add_parser("list", help="every declared image: built or not, what it holds, where")
+
     demo = sub.add_parser("demo", help="fork a live workspace a few times and show what it measured")
     demo.add_argument("--size", type=nbytes_of, default=nbytes_of("256M"))
     demo.add_argument("--clones", type=int, default=4)
@@ -283,15 +291,36 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from bunshin.envs.runtime.doctor import diagnose
 
+        from .commands.images import images_json, suites_table
+        from .commands.images import table as images_table
+
         diagnosis = diagnose()
         if args.json:
-            print(json.dumps(diagnosis.to_json(), indent=2))
+            print(json.dumps({**diagnosis.to_json(), **images_json()}, indent=2))
             return 0
         for c in diagnosis.checks:
             print(f"{'ok ' if c.ok else 'no '} {c.name:26} {c.detail}")
         print()
         for name, (ok, detail) in diagnosis.backends.items():
             print(f"backend {name:8} {'available' if ok else 'unavailable':12} {detail}")
+        print()
+        for line in images_table() + suites_table():
+            print(line)
+        return 0
+    if args.command == "images":
+        from bunshin.envs.images.recipes import RECIPES
+
+        from .commands import images as images_command
+
+        if args.images_command == "list":
+            for line in images_command.table():
+                print(line)
+            return 0
+        if args.all == bool(args.names):
+            raise CommandError("bunshin images build: name the images, or --all")
+        images_command.build(sorted(RECIPES) if args.all else args.names)
+        for line in images_command.table():
+            print(line)
         return 0
     if args.command == "demo":
         from .commands.demo import demo
@@ -303,7 +332,10 @@ def run(args: argparse.Namespace) -> int:
 
             from .bench import browser_fork
 
+            from .commands.images import ensure_suite_images
+
             suite = WebShopSuite(catalog_size=args.catalog_size, time_scale=0.0, browser="chromium")
+            ensure_suite_images(suite)
             event_loop.run(browser_fork.run(suite, args.forks, args.modes or list(browser_fork.MODES), args.json,
                                             args.plot))
             return 0
@@ -332,6 +364,12 @@ def run(args: argparse.Namespace) -> int:
 
         if args.tasks < 1 or args.repeat < 1:
             raise CommandError("bench steps: --tasks and --repeat are counts of at least 1")
+        from bunshin.envs.webshop.suite import WebShopSuite
+
+        from .commands.images import ensure_suite_images
+
+        for browser in ("text", "chromium"):  # the two it compares
+            ensure_suite_images(WebShopSuite(catalog_size=1, browser=browser))
         event_loop.run(browser_steps.run(args.catalog_size, args.tasks, args.repeat, not args.no_screenshots,
                                          args.json, args.plot))
         return 0

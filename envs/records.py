@@ -67,6 +67,9 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True):
     # the app's programs opt into KSM (``PR_SET_MEMORY_MERGE``): the run tunes ksmd while such a workspace lives and
     # gives the host's settings back after (``runtime/ksm.py``)
     merge_memory: bool = False
+    # the declared workspace image its workspaces stand on (``envs/images/recipes.py``; None: the host-derived
+    # default); a runtime given an image of its own puts every workspace on that one instead
+    image: str | None = None
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine (as root) for BunshinRL: system packages, then a virtualenv in .venv with the
-# project and its test dependencies installed. Safe to run again. It prints one line per step; the package
-# managers' own output goes to .venv/setup.log (its tail is shown if a step fails).
-#   ./scripts/setup.sh              the engine and its tests (no torch)
+# project and its test dependencies installed, then the declared workspace images built (docs/images.md). Safe to
+# run again. It prints one line per step; the package managers' own output goes to .venv/setup.log (its tail is
+# shown if a step fails).
+#   ./scripts/setup.sh              the engine and its tests (no torch), and the image the main job's web shop uses
 #   ./scripts/setup.sh --trainers   also the optional extra `trainers` (torch, verl, skyrl-gym, gymnasium, ray) the
 #                                   adapters' tests need: torch==2.13.0 first, so pip keeps that CPU build
+#   ./scripts/setup.sh --all-images every declared workspace image (the tests use each), not only the main job's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TRAINERS=0
+IMAGES=base
 for arg in "$@"; do
   case "$arg" in
     --trainers) TRAINERS=1 ;;
-    *) echo "setup.sh: unknown option $arg (known: --trainers)" >&2; exit 2 ;;
+    --all-images) IMAGES=--all ;;
+    *) echo "setup.sh: unknown option $arg (known: --trainers, --all-images)" >&2; exit 2 ;;
   esac
 done
-STEPS=3
-[ "$TRAINERS" = 1 ] && STEPS=4
+STEPS=4
+[ "$TRAINERS" = 1 ] && STEPS=5
 
 say() { echo "setup.sh: $*"; }
 LOG=""
@@ -39,19 +43,17 @@ command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 command -v ps >/dev/null || need+=(procps)
-[ -x /usr/lib/chromium/chromium ] || need+=(chromium fonts-liberation)  # --browser chromium: the browser workspaces run
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # builds the workspace images from the Debian archive
 if [ ${#need[@]} -gt 0 ]; then
   say "[1/$STEPS] installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt_log=$(mktemp /tmp/bunshin-setup-apt.XXXXXX)
   LOG=$apt_log
-  # No recommends: a workspace still sees the host's /usr (issue 25 gives it its own), and chromium's recommends
-  # bring xrandr and printing tools, which would make the desktop suite's infeasible tasks look feasible.
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$apt_log" 2>&1 || fail "apt-get install ${need[*]}"
   rm -f "$apt_log"
   LOG=""
 else
-  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps, chromium)"
+  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps, mmdebstrap)"
 fi
 
 PY=${PYTHON:-python3}
@@ -81,4 +83,8 @@ if [ "$TRAINERS" = 1 ]; then
   .venv/bin/python -c "import torch, verl.experimental.agent_loop, skyrl_gym, gymnasium, ray.cluster_utils" >>"$LOG" 2>&1 \
     || fail "the trainers extra does not import"
 fi
+IMAGES_STEP=4
+[ "$TRAINERS" = 1 ] && IMAGES_STEP=5
+say "[$IMAGES_STEP/$STEPS] building the workspace images ($([ "$IMAGES" = base ] && echo "base: the main job's" || echo "all")) that are not built yet (a minute or a few each the first time; bunshin images list)"
+.venv/bin/bunshin images build $IMAGES 2>&1 | sed -u 's/^/setup.sh:   /' || fail "bunshin images build $IMAGES"
 say "ready: .venv/bin/bunshin ($(.venv/bin/python -c 'import msgspec, uvloop; print("msgspec", msgspec.__version__, "uvloop", uvloop.__version__)'))"

@@ -29,6 +29,10 @@ def test_doctor_reports_checks_and_backends() -> None:
 
     assert list(report["backends"]) == list(BACKENDS)  # the backends that exist, nothing "not built yet"
     assert "not built yet" not in proc.stdout
+    # which image each suite's workspaces stand on, and whether it is built here
+    assert {"suite": "webshop", "knobs": {"browser": "chromium"}, "images": ["chromium"]} in report["suites"]
+    assert {"suite": "desktop", "knobs": {}, "images": ["base"]} in report["suites"]
+    assert report["images"]["base"]["built"] is True  # scripts/setup.sh built it
 
 
 def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
@@ -360,3 +364,15 @@ def test_replay_takes_the_recorded_knobs_unless_the_command_line_names_them(tmp_
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(CommandError, match="summary.json: cannot read the recording's knobs"):
         recorded_knobs(recording, [])
+
+
+def test_images_list_and_build_say_what_is_built_and_refuse_what_is_not_declared() -> None:
+    listed = bunshin("images", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith("image base ") and " built " in line for line in listed.stdout.splitlines())
+    again = bunshin("images", "build", "base")  # built already: nothing to do, and it says so in the table
+    assert again.returncode == 0 and "building" not in again.stderr and "image base " in again.stdout
+    nothing = bunshin("images", "build")
+    assert nothing.returncode != 0 and "name the images, or --all" in nothing.stderr
+    unknown = bunshin("images", "build", "nope")
+    assert unknown.returncode != 0 and "unknown workspace image 'nope'; declared: base" in unknown.stderr

@@ -75,7 +75,7 @@ async def test_bad_app_fails_start_with_its_error(runtime: WorkspaceRuntime) -> 
     with pytest.raises(WorkspaceStartFailed, match="No module named"):
         await runtime.create(AppSpec(target="no.such.module:App"))
     assert runtime.workspaces == {}
-    assert pool_layers(runtime) == [runtime.image.lower]
+    assert pool_layers(runtime) == [image.lower for image in runtime.images.placed.values()]
 
 
 async def test_snapshot_refuses_tools_through_the_host_too(runtime: WorkspaceRuntime) -> None:

@@ -48,7 +48,7 @@ async def test_agent_cannot_reach_host_files(runtime: WorkspaceRuntime, tmp_path
         assert "Read-only file system" in text and "Permission denied" in text
         assert text.endswith("65000")
         assert not Path("/usr/bin/evil").exists()
-        assert (runtime.layers.root / runtime.image.lower / "etc/passwd").read_text().count("\n") == 3
+        assert (runtime.layers.root / runtime.images.placed["host"].lower / "etc/passwd").read_text().count("\n") == 3
     finally:
         secret.unlink()
 

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("bunshin.envs.records", "bunshin.envs.errors", "bunshin.envs.seeds", "bunshin.envs.code_version",
      "bunshin.envs.workspace", "bunshin.envs.app", "bunshin.envs.latency", "bunshin.envs.state_image",
      "bunshin.envs.framing"),
+    ("bunshin.envs.images",),
     ("bunshin.envs.runtime",),
     ("bunshin.envs", "bunshin.envs.suites", "bunshin.envs.webshop", "bunshin.envs.desktop"),
     ("bunshin.policies.base",),

@@ -112,7 +112,8 @@ def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
 
 
 def make_suite(args: argparse.Namespace) -> Suite:
-    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``, ``--browser``, ``--ksm``)."""
+    """The suite ``--suite`` names with the knobs of ``--set`` (and ``--catalog-size``, ``--browser``, ``--ksm``),
+    its workspace images built."""
     from bunshin.envs.suites.registry import get_suite
 
     knobs = dict(args.set)
@@ -135,9 +136,13 @@ def make_suite(args: argparse.Namespace) -> Suite:
             raise CommandError("--ksm on: only Chromium workspaces opt into KSM: add --browser chromium")
         knobs["ksm"] = ksm == "on"
     try:
-        return get_suite(args.suite, **knobs)
+        suite = get_suite(args.suite, **knobs)
     except (TypeError, ValueError) as exc:
         raise CommandError(f"bad knob for suite {args.suite}: {exc}") from exc
+    from .images import ensure_suite_images
+
+    ensure_suite_images(suite)  # its workspace images, built now if this machine has not built them
+    return suite
 
 
 def has_browser(suite: str) -> bool:

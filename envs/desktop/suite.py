@@ -152,7 +152,9 @@ class DesktopSuite(Suite):
 
     # -- episodes -----------------------------------------------------------------------------------------------
     def app(self, task: SuiteTask | None = None) -> AppSpec:
-        return AppSpec(target=APP_TARGET, kwargs=self.app_kwargs)
+        """The drawn desktop, on the image ``base``: what a task's commands find (``python3``, coreutils) is that
+        image's, whatever the host has installed (the infeasible tasks stay infeasible on a host with xrandr)."""
+        return AppSpec(target=APP_TARGET, kwargs=self.app_kwargs, image="base")
 
     async def start(self, ws: Workspace, task: SuiteTask) -> Observation:
         ot, raw = self.load(task.path)

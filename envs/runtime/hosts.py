@@ -33,7 +33,7 @@ from .cgroups import AGENT_GROUP, Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .fork.backends import ForkBackend
 from .host_workspace import HostSnapshot, HostWorkspace
-from .image import PreparedImage
+from .base_images import BaseImages
 from .image_files import ImageFiles, WorkspaceImage
 from .ksm import KsmHold
 from .layers import LayerStore
@@ -59,7 +59,7 @@ class RunResources:
     nursery: Nursery
     cgroup: Cgroup
     layers: LayerStore
-    image: PreparedImage
+    images: BaseImages
     runtime_binds: list[str]
     pool_fd: int
     cgroup_fds: list[int]
@@ -128,6 +128,7 @@ class Hosts:
         any failure (cancellation too) undo the cgroup, the layer, the mount point and the process. A workspace of
         an app with warm slots (``AppSpec.warm``) has the pool fill them; ``register=False``: a slot, the pool's."""
         target = self.run.run_dir / "roots" / ws_id
+        image = await self.run.images.for_app(app)  # before anything is made: an image not built is the caller's
         if app.merge_memory and self.run.ksm is not None and not self.run.ksm.held:
             await asyncio.to_thread(self.run.ksm.take)  # ksmd tuned before the first mergeable program starts
         group = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
@@ -137,8 +138,8 @@ class Hosts:
         engine_end, host_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         run = self.run
         config = HostConfig(
-            ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=run.image.lower,
-            image_binds=[b.path for b in run.image.binds], runtime_binds=run.runtime_binds,
+            ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=image.lower,
+            image_binds=[b.pair() for b in image.binds], runtime_binds=run.runtime_binds,
             mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=run.nursery.pid,
             restore_from=restore_from, restore_workers=restore_workers, faults=run.faults,
             # KSM for what the fork cannot share: under a live fork the host's pages are its clones' already (the

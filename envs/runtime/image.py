@@ -1,10 +1,12 @@
 """Base images: the read-only bottom layer of every workspace's root file system.
 
-Owns: assembling the default image from the host's system directories (a skeleton with a minimal /etc and
-Debian's merged-/usr links, onto which the host's /usr is bind-mounted read-only inside each workspace), and
-placing an image directory or tarball in the run's pool; the list of bind mounts a workspace needs, including the
-runtime's own Python installation (which rootfs.py hides from agents).
-Must never: expose a host directory to agent commands beyond /usr and the runtime's own interpreter and sources.
+Owns: placing an image in the run's pool: a declared image built in the image store (``envs/images``: everything
+but its /usr copied into the pool, its /usr bind-mounted read-only from the store), an image directory or tarball
+a user gives, or the host-derived default (a skeleton with a minimal /etc and Debian's merged-/usr links, onto which
+the host's /usr is bind-mounted); adding the agent's user; the list of bind mounts a workspace needs, including
+the runtime's own Python installation (which rootfs.py hides from agents).
+Must never: expose a host directory to agent commands beyond an image's /usr and the runtime's own interpreter
+and sources.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvsError
+from ..images.store import BuiltImage
 
 AGENT_USER = "agent"
 AGENT_UID = 65000
@@ -29,10 +32,15 @@ CLONE_ROOT = "/.bunshin"  # empty directory in every root, where a clone mounts 
 
 @dataclass(frozen=True)
 class Bind:
-    """A bind mount into the workspace: ``source`` as the host sees it, mounted at the same path inside."""
+    """A read-only bind mount into the workspace: ``source`` as the host sees it (None: the same path), mounted at
+    ``path`` inside."""
 
     path: str
-    readonly: bool = True
+    source: str | None = None
+
+    def pair(self) -> tuple[str, str]:
+        """(source, path) as a first host mounts it; a clone mounts (path, path) from its source's root."""
+        return (self.source or self.path, self.path)
 
 
 @dataclass(frozen=True)
@@ -80,16 +88,10 @@ def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedIm
                     ("etc", 0o755), ("mnt", 0o755), ("opt", 0o755), (CLONE_ROOT.lstrip("/"), 0o700)):
         (root / d).mkdir(mode=mode, exist_ok=True)
         os.chmod(root / d, mode)
-    home = root / AGENT_HOME.lstrip("/")
-    home.mkdir(parents=True)
-    os.chown(home, AGENT_UID, AGENT_GID)
     etc = root / "etc"
-    (etc / "passwd").write_text(
-        "root:x:0:0:root:/root:/bin/bash\n"
-        f"{AGENT_USER}:x:{AGENT_UID}:{AGENT_GID}:agent:{AGENT_HOME}:/bin/bash\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    )
-    (etc / "group").write_text(f"root:x:0:\n{AGENT_USER}:x:{AGENT_GID}:\nnogroup:x:65534:\n")
+    (etc / "passwd").write_text("")
+    (etc / "group").write_text("")
+    _add_agent(root)
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").write_text("")
     (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
@@ -105,6 +107,51 @@ def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedIm
         if src.is_dir():
             shutil.copytree(src, root / src.relative_to("/"), symlinks=True)
     return PreparedImage(name=name, lower=name, binds=(Bind("/usr"),))
+
+
+# what a declared image keeps out of the pool: /usr stays in the store (bound read-only), the kernel's file
+# systems and /boot are nobody's
+_NOT_PLACED = frozenset({"usr", "proc", "sys", "dev", "boot"})
+
+
+def place_declared(pool_root: Path, built: BuiltImage) -> PreparedImage:
+    """A declared image in the run's pool: everything but /usr copied (its /etc and /var, a few tens of MiB), with
+    the agent's user added and no name server; /usr bound read-only from the store, where it stays."""
+    name = f"image-{built.path.name}"
+    dest = pool_root / name
+    dest.mkdir(mode=0o755)
+    sources = [str(entry) for entry in sorted(built.root.iterdir()) if entry.name not in _NOT_PLACED]
+    proc = subprocess.run(["cp", "-a", "--reflink=auto", *sources, str(dest)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageError(f"image {built.name}: copy into the pool failed: {proc.stderr.strip()}")
+    for d, mode in (("usr", 0o755), ("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("home", 0o755),
+                    (CLONE_ROOT.lstrip("/"), 0o700)):
+        (dest / d).mkdir(mode=mode, exist_ok=True)
+    etc = dest / "etc"
+    (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    (etc / "resolv.conf").unlink(missing_ok=True)
+    (etc / "resolv.conf").write_text("")  # workspaces have no network beyond their own loopback
+    _add_agent(dest)
+    return PreparedImage(name=name, lower=name, binds=(Bind("/usr", source=str(built.root / "usr")),))
+
+
+def _add_agent(root: Path) -> None:
+    """The agent's user and group (uid and gid AGENT_UID), root's and nobody's where missing, and its home."""
+    etc = root / "etc"
+    for file, lines in (("passwd", (("root", "root:x:0:0:root:/root:/bin/bash"),
+                                    (AGENT_USER, f"{AGENT_USER}:x:{AGENT_UID}:{AGENT_GID}:agent:{AGENT_HOME}:/bin/bash"),
+                                    ("nobody", "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"))),
+                        ("group", (("root", "root:x:0:"), (AGENT_USER, f"{AGENT_USER}:x:{AGENT_GID}:"),
+                                   ("nogroup", "nogroup:x:65534:")))):
+        path = etc / file
+        text = path.read_text() if path.exists() else ""
+        names = {line.split(":", 1)[0] for line in text.splitlines()}
+        missing = [line for user, line in lines if user not in names]
+        if missing:
+            path.write_text(text + ("" if not text or text.endswith("\n") else "\n") + "\n".join(missing) + "\n")
+    home = root / AGENT_HOME.lstrip("/")
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, AGENT_UID, AGENT_GID)
 
 
 def place_tarball(pool_root: Path, tarball: Path) -> PreparedImage:

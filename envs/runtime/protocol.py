@@ -25,7 +25,7 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     seed: int
     layer: str  # name of its writable layer in the pool
     lower: str  # image directory, relative to the pool
-    image_binds: list[str]  # host paths bind-mounted read-only at the same path (the default image's /usr)
+    image_binds: list[tuple[str, str]]  # (host path, path inside) bound read-only: the image's /usr
     runtime_binds: list[str]  # the host interpreter's paths: hidden below RUNTIME_DIR, reached by symlinks
     mount_target: str  # empty directory (host path) where the root is assembled before pivot_root
     cgroup_rel: str  # the workspace's cgroup below each hierarchy fd

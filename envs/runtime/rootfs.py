@@ -19,13 +19,14 @@ _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _RO_BIND = syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV
 
 
-def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, image_binds: list[str],
+def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, image_binds: list[tuple[str, str]],
                        runtime_binds: list[str]) -> None:
     """Mount the new root at ``target`` (an empty directory in the current root) and make it ``/``.
 
     Bind sources are resolved in the *current* root, which for a first host is the host's and for a clone is its
-    source's: either way the paths are the same, which is what lets a clone carry them over. ``image_binds`` are
-    mounted at their own path, for everyone to use. ``runtime_binds`` (the host interpreter and bunshin's
+    source's. ``image_binds`` are (source, path) pairs mounted at ``path``, for everyone to use: a first host
+    names the image's directory (the host's /usr, a declared image's in the store), a clone names ``path`` itself,
+    where its source has it. ``runtime_binds`` (the host interpreter and bunshin's
     sources, which the host may import from lazily) are mounted below RUNTIME_DIR, a directory only root can
     enter, and their own path becomes a symlink into it: the host finds its files where it left them, agents
     find a link they cannot follow.
@@ -37,8 +38,8 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, ima
         data = f"lowerdir={lower},upperdir={layer}/upper,workdir={layer}/work"
         flags = 0
     syscalls.mount("overlay", target, "overlay", flags, data)
-    for path in image_binds:
-        _bind_readonly(path, target + path, create=not frozen)
+    for source, path in image_binds:
+        _bind_readonly(source, target + path, create=not frozen)
     if not frozen:
         _ensure_skeleton(target)
         os.makedirs(target + RUNTIME_DIR, mode=0o700, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HostUnsupported
+from ..images.store import ImageStore
 from ..records import AppSpec, Limits, MemoryStats
 from . import await_points, image_files
 from .cgroups import Cgroup, CgroupLayout
@@ -26,7 +27,8 @@ from .cleanup import engine_record, register, registered_live_runs, remove_stale
 from .fork.registry import check_backend, make_backend
 from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
-from .image import PreparedImage, build_default_image, place_directory, place_tarball, runtime_paths
+from .base_images import BaseImages
+from .image import runtime_paths
 from .ksm import KsmHold, KsmTuning
 from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
@@ -44,15 +46,19 @@ class WorkspaceRuntime:
     def __init__(self, *, backend: str = "cow", image: str | Path | None = None, limits: Limits | None = None,
                  seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
-                 warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None):
+                 warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
+                 image_store: ImageStore | None = None):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
         ``warm_budget_bytes`` of the run's memory charge (None: half of the memory available at the start).
         ``ksm``: ksmd's scan rate while a workspace of the run opts into KSM (``AppSpec.merge_memory``; None: the
-        default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``)."""
+        default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``).
+        ``image``: an image directory or tarball every workspace stands on (None: each app's declared image,
+        ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
+        self.image_store = image_store
         self.limits = limits or Limits()
         self.seed = seed
         self.state_dir = Path(state_dir or DEFAULT_STATE_DIR)
@@ -104,26 +110,20 @@ class WorkspaceRuntime:
             self.layout = CgroupLayout.detect()
             self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create(delegate=True)
             self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
-            self.image = await asyncio.to_thread(self._prepare_image)
+            self.images = BaseImages(self.layers.root, self.image_source, self.image_store)
+            if self.image_source is not None:  # a user's image is checked (and copied) before the first workspace
+                await self.images.for_app(AppSpec())
             self.pool_fd = self.layers.open_detached()
             self.cgroup_fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) for d in self.cgroup.dirs()]
             run = RunResources(run_dir=self.run_dir, seed=self.seed, limits=self.limits, faults=self.faults,
                                start_timeout_s=self.start_timeout_s, nursery=self.nursery, cgroup=self.cgroup,
-                               layers=self.layers, image=self.image, runtime_binds=runtime_paths(),
+                               layers=self.layers, images=self.images, runtime_binds=runtime_paths(),
                                pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
                                warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm)
             self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()
             raise
-
-    def _prepare_image(self) -> PreparedImage:
-        root = self.layers.root
-        if self.image_source is None:
-            return build_default_image(root)
-        if self.image_source.is_dir():
-            return place_directory(root, self.image_source)
-        return place_tarball(root, self.image_source)
 
     async def close(self) -> None:
         """Close every workspace, then remove the run's cgroup, pool and directory. Finishes under cancellation."""

@@ -130,11 +130,13 @@ class WebShopSuite(Suite):
         return call
 
     def app(self, task: SuiteTask | None = None) -> AppSpec:
-        """The shop's app; with Chromium, its live clones take their browser from warm-pool slots."""
-        warm, ksm = None, bool(self.app_kwargs.get("ksm", False))
+        """The shop's app, on the image ``base`` (the text browser is ours) or ``chromium``; with Chromium, its live
+        clones take their browser from warm-pool slots, which stand on the same image."""
+        warm, ksm, image = None, bool(self.app_kwargs.get("ksm", False)), "base"
         if self.app_kwargs.get("browser") == "chromium":
-            warm = AppSpec(target=chromium_slot.TARGET, kwargs={"merge_memory": ksm}, merge_memory=ksm)
-        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs), warm=warm, merge_memory=ksm)
+            image = "chromium"
+            warm = AppSpec(target=chromium_slot.TARGET, kwargs={"merge_memory": ksm}, merge_memory=ksm, image=image)
+        return AppSpec(target=SHOP_APP, kwargs=dict(self.app_kwargs), warm=warm, merge_memory=ksm, image=image)
 
     def _task(self, task: SuiteTask) -> webarena.WebArenaTask:
         if task.path not in self._loaded:

@@ -50,7 +50,8 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     os.fchdir(state.pool_fd)
     layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
     rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=state.config.lower, layer=spec.layer,
-                              frozen=spec.frozen, image_binds=state.config.image_binds,
+                              frozen=spec.frozen,
+                              image_binds=[(path, path) for _, path in state.config.image_binds],
                               runtime_binds=state.config.runtime_binds)
     os.close(state.layer_fd)
     state.layer_fd = layer_fd
