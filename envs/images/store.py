@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,6 +132,7 @@ class ImageStore:
                 partial.mkdir()
                 started = time.monotonic()
                 builder = _run_mmdebstrap(recipe, partial / "root", progress, timeout_s)
+                _install_pip(recipe, partial / "root", progress, timeout_s)
                 progress(f"image {recipe.name}: reading what was installed")
                 manifest = Manifest(recipe=recipe, digest=recipe.digest(), packages=installed_packages(partial / "root"),
                                     size_bytes=tree_size(partial / "root"),
@@ -212,6 +214,29 @@ def _run_mmdebstrap(recipe: ImageRecipe, target: Path, progress: Progress, timeo
     if code != 0:
         raise ImageBuildFailed(f"image {recipe.name}: mmdebstrap exited with {code}; last lines:\n" + "\n".join(tail))
     return version
+
+
+def _install_pip(recipe: ImageRecipe, root: Path, progress: Progress, timeout_s: float) -> None:
+    """The recipe's pinned Python packages, without dependencies, into the image's /usr/local for its python3
+    (installed by this interpreter's pip, then compiled by the image's own python3, so that a read-only /usr
+    imports them without writing)."""
+    if not recipe.pip:
+        return
+    pythons = sorted(p.name for p in root.glob("usr/lib/python3.*") if p.name[len("python3."):].isdigit())
+    if not pythons:
+        raise ImageBuildFailed(f"image {recipe.name}: pip packages need python3 in the image's package list")
+    site = f"/usr/local/lib/{pythons[-1]}/dist-packages"
+    progress(f"image {recipe.name}: pip installing {' '.join(recipe.pip)} into {site}")
+    for command in ([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
+                     "--no-warn-script-location", "--target", str(root) + site, *recipe.pip],
+                    ["chroot", str(root), "python3", "-m", "compileall", "-q", site]):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise ImageBuildFailed(f"image {recipe.name}: {command[2]} not done within {timeout_s:.0f} s") from exc
+        if done.returncode != 0:
+            raise ImageBuildFailed(f"image {recipe.name}: {' '.join(command[:5])} ... exited with {done.returncode}:\n"
+                                   + (done.stdout + done.stderr)[-3000:])
 
 
 def _stop_group(proc: subprocess.Popen[str]) -> None:

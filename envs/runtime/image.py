@@ -131,6 +131,8 @@ def place_declared(pool_root: Path, built: BuiltImage) -> PreparedImage:
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").unlink(missing_ok=True)
     (etc / "resolv.conf").write_text("")  # workspaces have no network beyond their own loopback
+    # D-Bus refuses to start without a machine id; one per image, the same in every run and on every host
+    (etc / "machine-id").write_text(hashlib.sha256(built.path.name.encode()).hexdigest()[:32] + "\n")
     _add_agent(dest)
     return PreparedImage(name=name, lower=name, binds=(Bind("/usr", source=str(built.root / "usr")),))
 
