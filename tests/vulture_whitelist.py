@@ -27,6 +27,7 @@ _.WebShopSuite  # envs/suites/registry.py
 _.DesktopSuite  # envs/suites/registry.py
 _.ShopApp  # envs/webshop/suite.py SHOP_APP
 _.HeapApp  # engine/commands/demo.py and the fork benchmark's AppSpec target
+_.XDesktopApp  # envs/xdesktop/app.py: the AppSpec target of a workspace with a real X desktop (docs/osworld.md)
 _.ChromiumSlotApp  # envs/chromium/slot.py TARGET: the warm pool starts it by name (envs/runtime/warm_pool.py)
 _.rpc_port  # WorkerApp methods are called as rpc_<name> by envs/runtime/workers.py ("port" in envs/webshop/app.py)
 

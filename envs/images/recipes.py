@@ -68,7 +68,8 @@ DESKTOP_PACKAGES = (
     *BASE_PACKAGES, "python-is-python3", "xvfb", "openbox", "wmctrl", "xdotool", "scrot", "x11-utils", "dbus-x11",
     "at-spi2-core", "python3-pyatspi", "python3-xlib", "python3-pil", "python3-tk", "libreoffice-calc",
     "libreoffice-writer", "libreoffice-impress", "libreoffice-gtk3", "chromium", "gedit", "vlc", "gimp",
-    "thunderbird", "xterm", "ffmpeg", "fonts-liberation", "fonts-dejavu-core", "locales", "tzdata",
+    "thunderbird", "xterm", "gnome-terminal", "ffmpeg", "fonts-liberation", "fonts-dejavu-core", "locales", "tzdata",
+    "xdg-utils", "socat", "libglib2.0-bin", "dconf-gsettings-backend", "gsettings-desktop-schemas",
 )
 PYAUTOGUI = ("pyautogui==0.9.54", "pymsgbox==1.0.9", "pytweening==1.2.0", "pyscreeze==1.0.1", "pygetwindow==0.0.9",
              "pyrect==0.2.0", "mouseinfo==0.1.3", "pyperclip==1.9.0")
@@ -80,7 +81,7 @@ RECIPES: dict[str, ImageRecipe] = {recipe.name: recipe for recipe in (
                 description="base and Debian's Chromium with the Liberation fonts: the web shop in Chromium"),
     ImageRecipe(name="desktop", packages=DESKTOP_PACKAGES, pip=PYAUTOGUI,
                 description="an X desktop: Xvfb, openbox, D-Bus and AT-SPI, LibreOffice, Chromium, gedit, VLC, "
-                            "GIMP, Thunderbird, xterm, ffmpeg, pyautogui: the osworld suite"),
+                            "GIMP, Thunderbird, GNOME Terminal, xterm, ffmpeg, pyautogui: the osworld suite"),
 )}
 
 

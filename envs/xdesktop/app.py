@@ -1,0 +1,77 @@
+"""The X desktop application of a workspace: its session, and OSWorld's VM API as one tool.
+
+Owns: starting the desktop session when the workspace is built (``session.py``), placing the accessibility
+script where only root may change it (the judge reads the tree it prints: the agent must not be able to rewrite
+it), the tool ``vm`` (one VM API request in, its response out: ``vm_api.py``), and stopping the session.
+A live fork cannot carry the desktop's programs (multi-threaded, an X server): a fork of this workspace is refused
+here; the suite forks by replay (docs/osworld.md).
+Must never: leave a session program behind when the host closes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..app import AppContext, Tool, ToolError, WorkspaceApp
+from ..records import Observation
+from .guest import Guest, GuestError
+from .session import SCREEN, DesktopSession
+from .vm_api import VmApi, VmRequest
+
+GUEST_DIR = "/opt/bunshin"  # root's, in the workspace's own files: what the agent runs but cannot change
+A11Y_SCRIPT = f"{GUEST_DIR}/a11y_guest.py"
+A11Y_TIMEOUT_S = 60.0
+MAX_TREE = 32 << 20
+
+
+class XDesktopApp(WorkspaceApp):
+    def __init__(self, screen: tuple[int, int] | list[int] = SCREEN):
+        width, height = (int(v) for v in screen)
+        if not (320 <= width <= 7680 and 240 <= height <= 4320):
+            raise ValueError(f"screen {width}x{height}: out of 320x240..7680x4320")
+        self.screen = (width, height)
+        self.session: DesktopSession | None = None
+
+    def setup(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+        os.makedirs(GUEST_DIR, mode=0o755, exist_ok=True)
+        shutil.copyfile(Path(__file__).with_name("a11y_guest.py"), A11Y_SCRIPT)
+        os.chmod(A11Y_SCRIPT, 0o644)
+        self.guest = Guest(ctx.run_agent)
+        self.api = VmApi(self.guest, self._a11y_tree, self.screen)
+        self.session = DesktopSession(ctx, self.screen)
+        self.session.start()
+
+    def tools(self) -> dict[str, Tool]:
+        return {"vm": self._vm}
+
+    def _vm(self, args: dict[str, Any]) -> Observation:
+        """One request to OSWorld's VM API: ``args`` is a ``VmRequest`` (method, path, json, form, files)."""
+        try:
+            request = msgspec.convert(args, VmRequest)
+        except msgspec.ValidationError as exc:
+            raise ToolError(f"vm: not a VM API request: {exc}") from exc
+        response = self.api.handle(request)
+        return Observation(output=f"{response.status} {request.method} {request.path}",
+                           data=msgspec.to_builtins(response, builtin_types=(bytes,)))
+
+    def _a11y_tree(self) -> str:
+        out = self.guest.scratch_path("a11y") + ".xml"
+        done = self.guest.run(["/usr/bin/python3", A11Y_SCRIPT, out], shell=False, timeout_s=A11Y_TIMEOUT_S)
+        if done.returncode != 0:
+            raise GuestError(f"accessibility tree: {done.stderr.strip()[-500:] or 'timed out'}")
+        return self.guest.take(out, MAX_TREE).decode("utf-8", "replace")
+
+    def before_fork(self, ctx: AppContext) -> None:
+        raise ToolError("a workspace with a real desktop cannot be forked live (its programs are multi-threaded "
+                        "and an X server); the osworld suite forks by replaying the calls")
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None

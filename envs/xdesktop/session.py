@@ -1,0 +1,104 @@
+"""The desktop session of a workspace: the display server, the D-Bus session bus and the window manager.
+
+Owns: starting them as application processes (as the agent user, each the PID 1 of its own PID namespace, dying
+with the host, never killed by an agent command's timeout), waiting until each answers, the environment every
+desktop program and agent command of the session gets (``ENV``), and stopping them. AT-SPI is started by the
+session bus on an app's first request (D-Bus activation), under the bus's process.
+Why abstract sockets: the display (``@/tmp/.X11-unix/X0``) and the bus (``@bunshin-session-bus``) are reached
+through the workspace's network namespace, whatever mount namespace a program has; the accessibility bus's socket
+is under XDG_RUNTIME_DIR, a directory of the workspace's own files that every program sees.
+Must never: leave a session program running after ``stop`` or the host's death.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from ..app import AppContext, ToolError
+from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
+
+SCREEN = (1920, 1080)
+DISPLAY = ":0"
+X_SOCKET = "\0/tmp/.X11-unix/X0"
+BUS_NAME = "bunshin-session-bus"
+RUNTIME_DIR = f"/run/user/{AGENT_UID}"
+ENV = {
+    "DISPLAY": DISPLAY,
+    "DBUS_SESSION_BUS_ADDRESS": f"unix:abstract={BUS_NAME}",
+    "XDG_RUNTIME_DIR": RUNTIME_DIR,
+    "HOME": AGENT_HOME,
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "TZ": "UTC",
+    "SHELL": "/bin/bash",
+    "SAL_USE_VCLPLUGIN": "gtk3",  # LibreOffice's GTK 3 front end: the one that speaks AT-SPI
+    "NO_AT_BRIDGE": "0",
+}
+READY_TIMEOUT_S = 30.0
+
+
+def session_exports() -> str:
+    """The session's environment as a shell prefix for agent commands (``export K='v' ...;``)."""
+    return "export " + " ".join(f"{key}='{value}'" for key, value in ENV.items()) + "; "
+
+
+class DesktopSession:
+    """One workspace's session programs, started by ``start`` and stopped by ``stop``."""
+
+    def __init__(self, ctx: AppContext, screen: tuple[int, int] = SCREEN):
+        self.ctx = ctx
+        self.screen = screen
+        self.processes: list[Any] = []
+
+    def start(self) -> None:
+        """Start the display, the bus and the window manager, each once the one before answers."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
+        os.chown(RUNTIME_DIR, AGENT_UID, AGENT_GID)
+        os.makedirs(f"{AGENT_HOME}/Desktop", exist_ok=True)
+        os.chown(f"{AGENT_HOME}/Desktop", AGENT_UID, AGENT_GID)
+        width, height = self.screen
+        self._launch("xvfb", ["/usr/bin/Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+                              "-dpi", "96", "+extension", "RANDR"])
+        self._wait_connectable(X_SOCKET, "the display (Xvfb)", deadline)
+        self._launch("dbus", ["/usr/bin/dbus-daemon", "--session", "--nofork", "--nopidfile",
+                              f"--address=unix:abstract={BUS_NAME}"])
+        self._wait_connectable("\0" + BUS_NAME, "the session bus (dbus-daemon)", deadline)
+        self._launch("openbox", ["/usr/bin/openbox"])
+        while True:
+            if self.ctx.run_agent(session_exports() + "wmctrl -m >/dev/null 2>&1", 5).exit_code == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ToolError(f"the window manager (openbox) did not answer within {READY_TIMEOUT_S:g} s: "
+                                f"{self._logs()}")
+            time.sleep(0.05)
+
+    def _launch(self, name: str, argv: list[str]) -> None:
+        self.processes.append(self.ctx.launch(name, argv, env=ENV))
+
+    def _wait_connectable(self, address: str, what: str, deadline: float) -> None:
+        while True:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(address)
+                    return
+                except OSError:
+                    pass
+            if any(p.proc.poll() is not None for p in self.processes):
+                raise ToolError(f"{what} exited while starting: {self._logs()}")
+            if time.monotonic() > deadline:
+                raise ToolError(f"{what} did not answer within {READY_TIMEOUT_S:g} s: {self._logs()}")
+            time.sleep(0.02)
+
+    def _logs(self) -> str:
+        return "; ".join(f"{p.name}: {p.log_tail(600).strip()!r}" for p in self.processes)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.kill()
+        self.processes = []

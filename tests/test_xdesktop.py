@@ -1,0 +1,159 @@
+"""The X desktop app: a workspace on the image ``desktop`` starts its session, and OSWorld's VM API routes answer
+with OSWorld's shapes, as the agent, through the tool ``vm`` (the HTTP face over it is the adapter's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from bunshin.envs import AppSpec, Limits, ToolCall, Workspace, WorkspaceRuntime
+
+pytestmark = pytest.mark.asyncio
+
+DESKTOP = AppSpec(target="bunshin.envs.xdesktop.app:XDesktopApp", image="desktop")
+STATE = "{https://accessibility.ubuntu.example.org/ns/state}"
+
+
+async def vm(ws: Workspace, method: str, path: str, **request: Any) -> tuple[int, str, bytes]:
+    obs = await ws.execute(ToolCall(name="vm", args={"method": method, "path": path, **request}))
+    assert obs.error is None, obs.error
+    return obs.data["status"], obs.data["content_type"], obs.data["body"]
+
+
+async def vm_json(ws: Workspace, method: str, path: str, **request: Any) -> tuple[int, Any]:
+    status, kind, body = await vm(ws, method, path, **request)
+    assert kind == "application/json", (status, kind, body[:300])
+    return status, json.loads(body)
+
+
+@pytest_asyncio.fixture
+async def desktop(make_runtime) -> Workspace:
+    rt: WorkspaceRuntime = await make_runtime(limits=Limits(memory_bytes=4 << 30, pids=1024, command_timeout_s=150))
+    return await rt.create(DESKTOP)
+
+
+async def test_the_session_answers_and_execute_runs_as_the_agent_in_it(desktop: Workspace) -> None:
+    status, body = await vm_json(desktop, "POST", "/execute", json={"command": ["python", "-c",
+                                 "import pyautogui, os; print(tuple(pyautogui.size()), os.getuid())"]})
+    assert status == 200 and body == {"status": "success", "output": "(1920, 1080) 65000\n", "error": "",
+                                      "returncode": 0}
+    status, body = await vm_json(desktop, "POST", "/execute",
+                                 json={"command": "echo out; echo err >&2; exit 3", "shell": True})
+    assert (status, body["output"], body["error"], body["returncode"]) == (200, "out\n", "err\n", 3)
+    status, body = await vm_json(desktop, "POST", "/execute", json={"command": "ls ~/Desktop", "shell": False})
+    assert status == 200 and body["returncode"] == 0
+    assert await vm_json(desktop, "POST", "/screen_size", json={}) == (200, {"width": 1920, "height": 1080})
+    assert await vm(desktop, "GET", "/platform") == (200, "text/html; charset=utf-8", b"Linux")
+    status, body = await vm_json(desktop, "GET", "/cursor_position")
+    assert status == 200 and len(body) == 2
+    assert await vm_json(desktop, "POST", "/desktop_path", json={}) == (200, {"desktop_path": "/home/agent/Desktop"})
+    assert (await vm(desktop, "GET", "/nope"))[0] == 404
+    assert (await vm(desktop, "GET", "/execute"))[0] == 405
+
+
+async def test_a_screenshot_is_a_png_of_the_screen(desktop: Workspace) -> None:
+    status, kind, png = await vm(desktop, "GET", "/screenshot")
+    assert (status, kind) == (200, "image/png") and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1920, 1080)
+
+
+async def test_files_go_in_and_out_with_the_agents_rights_only(desktop: Workspace) -> None:
+    status, kind, body = await vm(desktop, "POST", "/setup/upload", form={"file_path": "~/docs/a b.txt"},
+                                  files={"file_data": b"hello\x00world"})
+    assert (status, body) == (200, b"File Uploaded: 11 bytes")
+    status, kind, body = await vm(desktop, "POST", "/file", form={"file_path": "/home/agent/docs/a b.txt"})
+    assert (status, body) == (200, b"hello\x00world")
+    assert await vm_json(desktop, "POST", "/list_directory", json={"path": "/home/agent/docs"}) == (
+        200, {"directory_tree": {"type": "directory", "name": "docs", "children": [{"type": "file", "name": "a b.txt"}]}})
+    # root's files stay root's, through a symlink of the agent's too
+    await vm_json(desktop, "POST", "/execute", json={"command": "ln -s /etc/shadow ~/shadow", "shell": True})
+    for path in ("/etc/shadow", "~/shadow"):
+        status, body = await vm_json(desktop, "POST", "/file", form={"file_path": path})
+        assert status == 500 and "Permission denied" in body["error"], body
+    assert await vm_json(desktop, "POST", "/file", form={"file_path": "~/none"}) == (404, {"error": "File not found"})
+    status, body = await vm_json(desktop, "POST", "/setup/upload", form={"file_path": "/etc/evil"},
+                                 files={"file_data": b"x"})
+    assert status == 500 and "Permission denied" in body["error"]
+    assert await vm_json(desktop, "POST", "/file", form={}) == (400, {"error": "file_path is required"})
+
+
+async def test_an_app_launched_opens_a_window_the_wm_activates_and_the_a11y_tree_shows(desktop: Workspace) -> None:
+    status, _, body = await vm(desktop, "POST", "/setup/launch", json={"command": ["gedit", "--new-window"]})
+    assert (status, body) == (200, b"gedit --new-window launched successfully")
+    status, body = await vm_json(desktop, "POST", "/execute_with_verification",
+                                 json={"command": ["true"], "verification": {"window_exists": "gedit"},
+                                       "max_wait_time": 60, "check_interval": 0.5})
+    assert status == 200 and body["verification"] == "passed", body
+    status, _, body = await vm(desktop, "POST", "/setup/activate_window", json={"window_name": "gedit"})
+    assert (status, body) == (200, b"Window activated successfully")
+    status, size = await vm_json(desktop, "POST", "/window_size", form={"app_class_name": "gedit"})
+    assert status == 200 and size["width"] > 100 and size["height"] > 100
+    await vm_json(desktop, "POST", "/execute", json={"command": ["python", "-c",
+                  "import pyautogui, time; time.sleep(1); pyautogui.typewrite('bunshin types here')"]})
+    status, body = await vm_json(desktop, "GET", "/accessibility")
+    assert status == 200
+    from xml.etree import ElementTree
+
+    root = ElementTree.fromstring(body["AT"])
+    assert root.tag == "desktop-frame"
+    apps = {app.get("name"): app for app in root}
+    assert "gedit" in apps, sorted(apps)
+    texts = [node.text or "" for node in apps["gedit"].iter() if node.tag in ("text", "document-text")]
+    assert any("bunshin types here" in text for text in texts), texts
+    frames = [node for node in apps["gedit"].iter("frame") if node.get(f"{STATE}active") == "true"]
+    assert frames and frames[0].get("{https://accessibility.ubuntu.example.org/ns/component}size")
+    status, _, body = await vm(desktop, "POST", "/setup/close_window", json={"window_name": "gedit"})
+    assert (status, body) == (200, b"Window closed successfully.")
+
+
+async def test_run_python_and_run_bash_script_answer_as_osworld_documents(desktop: Workspace) -> None:
+    status, body = await vm_json(desktop, "POST", "/run_python", json={"code": "import sys; print(1); sys.exit(2)"})
+    assert status == 200 and body["status"] == "error" and body["return_code"] == 2
+    assert body["output"] == "1\n" and body["error"] == "Process exited with code 2"
+    assert (await vm_json(desktop, "POST", "/run_python", json={}))[0] == 400
+    status, body = await vm_json(desktop, "POST", "/run_bash_script",
+                                 json={"script": "pwd; echo e >&2", "working_dir": "~/Desktop"})
+    assert status == 200 and body == {"status": "success", "output": "/home/agent/Desktop\ne\n", "error": "",
+                                      "returncode": 0}
+    status, body = await vm_json(desktop, "POST", "/run_bash_script", json={"script": "sleep 5", "timeout": 1})
+    assert status == 500 and body["output"] == "Script execution timed out after 1 seconds"
+    status, body = await vm_json(desktop, "POST", "/run_bash_script", json={"script": "true", "working_dir": "/no"})
+    assert status == 400 and body["output"] == "Working directory does not exist: /no"
+
+
+async def test_a_desktop_workspace_refuses_a_live_fork_and_its_session_ends_with_it(desktop: Workspace) -> None:
+    from bunshin.envs import ForkFailed
+
+    with pytest.raises(ForkFailed, match="cannot be forked live"):
+        await desktop.fork()
+    status, body = await vm_json(desktop, "POST", "/execute", json={"command": "echo alive", "shell": True})
+    assert body["output"] == "alive\n"  # the refused fork left it serving
+    pids = set(desktop.cgroup.procs())
+    assert len(pids) >= 4  # the host, Xvfb, the bus, openbox
+    await desktop.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+async def test_recording_wallpaper_and_the_rest_of_the_routes(desktop: Workspace) -> None:
+    from bunshin.envs.xdesktop.vm_api import ROUTES
+
+    assert len({path for _, path in ROUTES}) == 26  # OSWorld's server's 26 URL rules
+    assert await vm_json(desktop, "POST", "/start_recording") == (
+        200, {"status": "success", "message": "Started recording successfully."})
+    assert (await vm_json(desktop, "POST", "/start_recording"))[0] == 400
+    status, kind, mp4 = await vm(desktop, "POST", "/end_recording")
+    assert (status, kind) == (200, "video/mp4") and mp4[4:8] == b"ftyp"
+    assert (await vm_json(desktop, "POST", "/end_recording"))[0] == 400
+    await vm(desktop, "POST", "/setup/upload", form={"file_path": "~/wall.png"},
+             files={"file_data": (await vm(desktop, "GET", "/screenshot"))[2]})
+    assert await vm(desktop, "POST", "/setup/change_wallpaper", json={"path": "~/wall.png"}) == (
+        200, "text/html; charset=utf-8", b"Wallpaper changed successfully")
+    status, kind, png = await vm(desktop, "POST", "/wallpaper")
+    assert (status, kind) == (200, "image/png") and png[:4] == b"\x89PNG"
+    status, _, body = await vm(desktop, "POST", "/setup/download_file", json={"url": "http://x/y", "path": "~/y"})
+    assert status == 500 and b"no network" in body
