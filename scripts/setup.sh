@@ -72,19 +72,29 @@ say "[3/$STEPS] installing bunshin and its test dependencies into .venv (log: $L
 } >"$LOG" 2>&1 || fail "pip install -e '.[test]'"
 .venv/bin/python -c "import bunshin.envs, bunshin.engine, bunshin.policies" >>"$LOG" 2>&1 \
   || fail "the installed package does not import"
+IMAGES_WHAT=$([ "$IMAGES" = base ] && echo "base, the main job's" || echo "every declared one")
 if [ "$TRAINERS" = 1 ]; then
-  say "[4/$STEPS] installing the trainers extra: torch 2.13.0 (CPU), then verl, skyrl-gym, gymnasium, ray (log: $LOG; several minutes the first time)"
+  # the images build (mostly the Debian archive's downloads and dpkg) while pip installs the trainers (PyPI's)
+  IMAGES_LOG=.venv/images.log
+  say "[4/$STEPS] building the workspace images ($IMAGES_WHAT) in the background (log: $IMAGES_LOG; bunshin images list)"
+  .venv/bin/bunshin images build $IMAGES >"$IMAGES_LOG" 2>&1 &
+  IMAGES_PID=$!
+  say "[5/$STEPS] installing the trainers extra: torch 2.13.0 (CPU), then verl, skyrl-gym, gymnasium, ray (log: $LOG; several minutes the first time)"
   {
     .venv/bin/python -m pip install 'torch==2.13.0' && .venv/bin/python -m pip install -e '.[test,trainers]'
-  } >>"$LOG" 2>&1 || fail "pip install -e '.[test,trainers]'"
+  } >>"$LOG" 2>&1 || { kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null; fail "pip install -e '.[test,trainers]'"; }
   if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-'; then
+    kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null
     fail "pip pulled CUDA packages (nvidia-*): torch must be the CPU build 2.13.0"
   fi
   .venv/bin/python -c "import torch, verl.experimental.agent_loop, skyrl_gym, gymnasium, ray.cluster_utils" >>"$LOG" 2>&1 \
-    || fail "the trainers extra does not import"
+    || { kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null; fail "the trainers extra does not import"; }
+  say "waiting for the workspace images"
+  LOG=$IMAGES_LOG
+  wait "$IMAGES_PID" || fail "bunshin images build $IMAGES"
+  grep -E '^image [a-z-]+ +[a-z-]+-[0-9a-f]{16} ' "$IMAGES_LOG" | sed 's/^/setup.sh:   /'
+else
+  say "[4/$STEPS] building the workspace images ($IMAGES_WHAT) that are not built yet (a minute or a few each the first time; bunshin images list)"
+  .venv/bin/bunshin images build $IMAGES 2>&1 | sed -u 's/^/setup.sh:   /' || fail "bunshin images build $IMAGES"
 fi
-IMAGES_STEP=4
-[ "$TRAINERS" = 1 ] && IMAGES_STEP=5
-say "[$IMAGES_STEP/$STEPS] building the workspace images ($([ "$IMAGES" = base ] && echo "base: the main job's" || echo "all")) that are not built yet (a minute or a few each the first time; bunshin images list)"
-.venv/bin/bunshin images build $IMAGES 2>&1 | sed -u 's/^/setup.sh:   /' || fail "bunshin images build $IMAGES"
 say "ready: .venv/bin/bunshin ($(.venv/bin/python -c 'import msgspec, uvloop; print("msgspec", msgspec.__version__, "uvloop", uvloop.__version__)'))"
