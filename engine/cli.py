@@ -331,7 +331,6 @@ def run(args: argparse.Namespace) -> int:
             from bunshin.envs.webshop.suite import WebShopSuite
 
             from .bench import browser_fork
-
             from .commands.images import ensure_suite_images
 
             suite = WebShopSuite(catalog_size=args.catalog_size, time_scale=0.0, browser="chromium")

@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bunshin.envs import AppSpec, ToolCall, Workspace, WorkspaceRuntime
+from bunshin.envs import AppSpec, ToolCall, Workspace
 from bunshin.envs.images.recipes import RECIPES, ImageRecipe, UnknownImage, recipe
 from bunshin.envs.images.store import ImageBuildFailed, ImageNotBuilt, ImageStore, Manifest, installed_packages
 

@@ -276,7 +276,7 @@ def installed_packages(root: Path) -> dict[str, str]:
 def tree_size(root: Path) -> int:
     """Bytes of the files under ``root`` (apparent sizes, links not followed)."""
     total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _, filenames in os.walk(root):
         for name in filenames:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size

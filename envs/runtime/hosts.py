@@ -29,11 +29,11 @@ from ..errors import StartTimeout, WorkspaceStartFailed
 from ..records import AppSpec, Limits
 from ..seeds import derive_seed
 from . import await_points
+from .base_images import BaseImages
 from .cgroups import AGENT_GROUP, Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .fork.backends import ForkBackend
 from .host_workspace import HostSnapshot, HostWorkspace
-from .base_images import BaseImages
 from .image_files import ImageFiles, WorkspaceImage
 from .ksm import KsmHold
 from .layers import LayerStore

@@ -22,12 +22,12 @@ from ..errors import HostUnsupported
 from ..images.store import ImageStore
 from ..records import AppSpec, Limits, MemoryStats
 from . import await_points, image_files
+from .base_images import BaseImages
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, registered_live_runs, remove_stale_runs, unregister
 from .fork.registry import check_backend, make_backend
 from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
-from .base_images import BaseImages
 from .image import runtime_paths
 from .ksm import KsmHold, KsmTuning
 from .layers import LayerStore

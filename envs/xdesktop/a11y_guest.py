@@ -9,6 +9,7 @@ Runs outside the runtime: standard library and pyatspi only; ``python3 a11y_gues
 Must never: import anything of bunshin (it runs on the image's interpreter, not the runtime's).
 """
 
+import contextlib
 import sys
 import xml.etree.ElementTree as ET
 
@@ -29,7 +30,7 @@ CALC_COLUMNS = 500
 
 
 def q(prefix, name):
-    return "{%s}%s" % (NS[prefix], name)
+    return f"{{{NS[prefix]}}}{name}"
 
 
 def element(node, depth, in_calc, pyatspi):
@@ -63,8 +64,8 @@ def element(node, depth, in_calc, pyatspi):
         try:
             component = node.queryComponent()
             x, y, w, h = component.getExtents(pyatspi.XY_SCREEN)
-            el.set(q("cp", "screencoord"), "(%d, %d)" % (x, y))
-            el.set(q("cp", "size"), "(%d, %d)" % (w, h))
+            el.set(q("cp", "screencoord"), f"({x}, {y})")
+            el.set(q("cp", "size"), f"({w}, {h})")
         except Exception:
             pass
     try:
@@ -84,10 +85,8 @@ def element(node, depth, in_calc, pyatspi):
         value = node.queryValue()
         for key, read in (("value", "currentValue"), ("min", "minimumValue"), ("max", "maximumValue"),
                           ("step", "minimumIncrement")):
-            try:
+            with contextlib.suppress(Exception):
                 el.set(q("val", key), str(getattr(value, read)))
-            except Exception:
-                pass
     except Exception:
         pass
     try:

@@ -11,6 +11,7 @@ Must never: read or write a file the agent could not; return more than the bound
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shlex
@@ -156,10 +157,8 @@ class Guest:
 
     @staticmethod
     def _discard(path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 
 
 def _home(path: str) -> str:

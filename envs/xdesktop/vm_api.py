@@ -14,8 +14,8 @@ import os
 import shlex
 import time
 from collections.abc import Callable
-from xml.etree import ElementTree
 from typing import Any
+from xml.etree import ElementTree
 
 import msgspec
 
