@@ -6,21 +6,26 @@
 #   ./scripts/setup.sh              the engine and its tests (no torch), and the image the main job's web shop uses
 #   ./scripts/setup.sh --trainers   also the optional extra `trainers` (torch, verl, skyrl-gym, gymnasium, ray) the
 #                                   adapters' tests need: torch==2.13.0 first, so pip keeps that CPU build
+#   ./scripts/setup.sh --osworld    also OSWorld's own code (desktop-env 1.0.2 without its dependencies, then the
+#                                   extra `osworld`: what its controllers, getters and metrics import; docs/osworld.md)
 #   ./scripts/setup.sh --all-images every declared workspace image (the tests use each), not only the main job's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TRAINERS=0
+OSWORLD=0
 IMAGES=base
 for arg in "$@"; do
   case "$arg" in
     --trainers) TRAINERS=1 ;;
+    --osworld) OSWORLD=1 ;;
     --all-images) IMAGES=--all ;;
-    *) echo "setup.sh: unknown option $arg (known: --trainers, --all-images)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option $arg (known: --trainers, --osworld, --all-images)" >&2; exit 2 ;;
   esac
 done
-STEPS=4
-[ "$TRAINERS" = 1 ] && STEPS=5
+STEPS=$((4 + TRAINERS + OSWORLD))
+EXTRAS=test
+[ "$TRAINERS" = 1 ] && EXTRAS=$EXTRAS,trainers
 
 say() { echo "setup.sh: $*"; }
 LOG=""
@@ -73,28 +78,45 @@ say "[3/$STEPS] installing bunshin and its test dependencies into .venv (log: $L
 .venv/bin/python -c "import bunshin.envs, bunshin.engine, bunshin.policies" >>"$LOG" 2>&1 \
   || fail "the installed package does not import"
 IMAGES_WHAT=$([ "$IMAGES" = base ] && echo "base, the main job's" || echo "every declared one")
-if [ "$TRAINERS" = 1 ]; then
-  # the images build (mostly the Debian archive's downloads and dpkg) while pip installs the trainers (PyPI's)
+STEP=4
+if [ "$TRAINERS" = 1 ] || [ "$OSWORLD" = 1 ]; then
+  # the images build (mostly the Debian archive's downloads and dpkg) while pip installs the extras (PyPI's)
   IMAGES_LOG=.venv/images.log
-  say "[4/$STEPS] building the workspace images ($IMAGES_WHAT) in the background (log: $IMAGES_LOG; bunshin images list)"
+  say "[$STEP/$STEPS] building the workspace images ($IMAGES_WHAT) in the background (log: $IMAGES_LOG; bunshin images list)"
   .venv/bin/bunshin images build $IMAGES >"$IMAGES_LOG" 2>&1 &
   IMAGES_PID=$!
-  say "[5/$STEPS] installing the trainers extra: torch 2.13.0 (CPU), then verl, skyrl-gym, gymnasium, ray (log: $LOG; several minutes the first time)"
-  {
-    .venv/bin/python -m pip install 'torch==2.13.0' && .venv/bin/python -m pip install -e '.[test,trainers]'
-  } >>"$LOG" 2>&1 || { kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null; fail "pip install -e '.[test,trainers]'"; }
-  if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-'; then
-    kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null
-    fail "pip pulled CUDA packages (nvidia-*): torch must be the CPU build 2.13.0"
+  stop_images() { kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null; }
+  if [ "$TRAINERS" = 1 ]; then
+    STEP=$((STEP + 1))
+    say "[$STEP/$STEPS] installing the trainers extra: torch 2.13.0 (CPU), then verl, skyrl-gym, gymnasium, ray (log: $LOG; several minutes the first time)"
+    {
+      .venv/bin/python -m pip install 'torch==2.13.0' && .venv/bin/python -m pip install -e ".[$EXTRAS]"
+    } >>"$LOG" 2>&1 || { stop_images; fail "pip install -e '.[$EXTRAS]'"; }
+    if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-'; then
+      stop_images
+      fail "pip pulled CUDA packages (nvidia-*): torch must be the CPU build 2.13.0"
+    fi
+    .venv/bin/python -c "import torch, verl.experimental.agent_loop, skyrl_gym, gymnasium, ray.cluster_utils" >>"$LOG" 2>&1 \
+      || { stop_images; fail "the trainers extra does not import"; }
   fi
-  .venv/bin/python -c "import torch, verl.experimental.agent_loop, skyrl_gym, gymnasium, ray.cluster_utils" >>"$LOG" 2>&1 \
-    || { kill "$IMAGES_PID" 2>/dev/null; wait "$IMAGES_PID" 2>/dev/null; fail "the trainers extra does not import"; }
+  if [ "$OSWORLD" = 1 ]; then
+    STEP=$((STEP + 1))
+    EXTRAS=$EXTRAS,osworld
+    say "[$STEP/$STEPS] installing OSWorld's desktop-env 1.0.2 without its dependencies, the easyocr shim, then the osworld extra (log: $LOG)"
+    {
+      .venv/bin/python -m pip install --no-deps 'desktop-env==1.0.2' ./envs/xdesktop/easyocr_shim \
+        && .venv/bin/python -m pip install -e ".[$EXTRAS]"
+    } >>"$LOG" 2>&1 || { stop_images; fail "pip install -e '.[$EXTRAS]'"; }
+    .venv/bin/python -c "import desktop_env.controllers.python, desktop_env.controllers.setup, \
+desktop_env.evaluators.getters, desktop_env.evaluators.metrics, desktop_env.desktop_env" >>"$LOG" 2>&1 \
+      || { stop_images; fail "OSWorld's desktop_env does not import"; }
+  fi
   say "waiting for the workspace images"
   LOG=$IMAGES_LOG
   wait "$IMAGES_PID" || fail "bunshin images build $IMAGES"
   grep -E '^image [a-z-]+ +[a-z-]+-[0-9a-f]{16} ' "$IMAGES_LOG" | sed 's/^/setup.sh:   /'
 else
-  say "[4/$STEPS] building the workspace images ($IMAGES_WHAT) that are not built yet (a minute or a few each the first time; bunshin images list)"
+  say "[$STEP/$STEPS] building the workspace images ($IMAGES_WHAT) that are not built yet (a minute or a few each the first time; bunshin images list)"
   .venv/bin/bunshin images build $IMAGES 2>&1 | sed -u 's/^/setup.sh:   /' || fail "bunshin images build $IMAGES"
 fi
 say "ready: .venv/bin/bunshin ($(.venv/bin/python -c 'import msgspec, uvloop; print("msgspec", msgspec.__version__, "uvloop", uvloop.__version__)'))"

@@ -36,6 +36,7 @@ ENV = {
     "LANG": "C.UTF-8",
     "TZ": "UTC",
     "SHELL": "/bin/bash",
+    "XDG_SESSION_TYPE": "x11",  # what an X login sets; pyscreeze (pyautogui.screenshot) takes scrot only then
     "SAL_USE_VCLPLUGIN": "gtk3",  # LibreOffice's GTK 3 front end: the one that speaks AT-SPI
     "NO_AT_BRIDGE": "0",
 }

@@ -348,7 +348,7 @@ class VmApi:
         if not path:
             return text("Path not supplied!", 400)
         try:
-            timeout = float(body.get("timeout_seconds", 1800))
+            timeout = min(float(body.get("timeout_seconds", OPEN_FILE_LIMIT_S)), OPEN_FILE_LIMIT_S)
         except (TypeError, ValueError):
             return text(f"Invalid timeout_seconds: {body.get('timeout_seconds')}", 400)
         home_path = "/home/agent" + path[1:] if path.startswith("~") else path
@@ -399,6 +399,27 @@ if not os.path.isdir(sys.argv[1]):
     sys.exit(3)
 json.dump(walk(sys.argv[1]), sys.stdout)
 """
+
+
+OPEN_FILE_LIMIT_S = 1800.0  # OSWorld's default wait for /setup/open_file's window, and our ceiling
+GRACE_S = 30.0  # beyond a route's own longest wait: the commands around it
+
+
+def call_timeout_s(request: dict[str, Any]) -> float:
+    """The deadline of the call that carries ``request`` (a ``VmRequest`` as a dict): its route's longest wait
+    (a command's 120 s, a script's ``timeout``, a window's ``timeout_seconds``...) and some grace."""
+    body = request.get("json") if isinstance(request.get("json"), dict) else {}
+    path = request.get("path", "")
+    try:
+        if path == "/setup/open_file":
+            return min(float(body.get("timeout_seconds", OPEN_FILE_LIMIT_S)), OPEN_FILE_LIMIT_S) + GRACE_S
+        if path == "/run_bash_script":
+            return float(body.get("timeout", RUN_BASH_TIMEOUT_S)) + GRACE_S
+        if path.endswith("/execute_with_verification"):
+            return EXECUTE_TIMEOUT_S + float(body.get("max_wait_time", 10)) + GRACE_S
+    except (TypeError, ValueError):
+        pass  # the route answers 400 for it
+    return EXECUTE_TIMEOUT_S + GRACE_S
 
 
 def _json_body(request: VmRequest) -> dict[str, Any]:
