@@ -43,3 +43,17 @@ _.http_open  # urllib.request.BaseHandler (envs/webshop/browser/loader.py)
 _.do_GET  # http.server.BaseHTTPRequestHandler (envs/webshop/server.py)
 _.do_POST
 _.log_message
+
+# -- OSWorld's Provider and VMManager contracts (desktop_env.providers.base), called by its DesktopEnv -----------
+_.get_ip_address  # engine/adapters/osworld_env.py RuntimeProvider
+_.save_state
+_.revert_to_snapshot
+_.checked_and_cleaned  # engine/adapters/osworld_env.py RuntimeVMManager
+_.initialize_registry
+_.add_vm
+_.delete_vm
+_.occupy_vm
+_.check_and_clean
+_.list_free_vms
+_.get_vm_path
+_.desktop_env  # engine/adapters/osworld_env.py: the DesktopEnv OSWorld users build on the runtime (docs/osworld.md)

@@ -72,9 +72,10 @@ class _Episode:
     steps: int = 0
 
 
-class _Loop:
-    """The thread and loop the runtime lives on. Separate from the session so a finalizer can stop it without
-    keeping the session alive."""
+class RuntimeLoop:
+    """The thread and loop a runtime lives on, for a synchronous face over it (a session, OSWorld's DesktopEnv).
+    Separate from its user so a finalizer can stop it without keeping the user alive; registered in ``track``
+    so that one nobody closed is closed at exit."""
 
     def __init__(self, use_uvloop: bool) -> None:
         self.loop: asyncio.AbstractEventLoop
@@ -126,7 +127,13 @@ class _Loop:
             self.loop.close()
 
 
-_LIVE: weakref.WeakSet[_Loop] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[RuntimeLoop] = weakref.WeakSet()
+
+
+def track(loop: RuntimeLoop) -> RuntimeLoop:
+    """Have ``loop`` shut down at the interpreter's exit if nobody did before."""
+    _LIVE.add(loop)
+    return loop
 
 
 def _shutdown_all() -> None:
@@ -151,8 +158,7 @@ class TaskSession:
         self._runtime_kwargs: dict[str, Any] = {"backend": backend, "limits": limits}
         if state_dir is not None:
             self._runtime_kwargs["state_dir"] = state_dir
-        self._loop = _Loop(use_uvloop)
-        _LIVE.add(self._loop)
+        self._loop = track(RuntimeLoop(use_uvloop))
         self._finalizer = weakref.finalize(self, self._loop.shutdown)
         self._base: Workspace | None = None
         self._first: Observation | None = None
