@@ -42,6 +42,16 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"bad size list {text!r}: {exc}") from exc
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad count list {text!r}: {exc}") from exc
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"bad count list {text!r}: counts of at least 1")
+    return counts
+
+
 def _backends(text: str) -> list[str]:
     names = [b for b in text.split(",") if b]
     unknown = [b for b in names if b not in BACKENDS]
@@ -170,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="observations without the viewport PNG (the tree, URL and tabs only)")
     steps.add_argument("--json", type=Path, help="write results as JSON here")
     steps.add_argument("--plot", type=Path, help="write a PNG plot here")
+
+    desk = bench_sub.add_parser("desktop", help="a real desktop workspace: start-up, memory, observations, actions, "
+                                "and memory of 4, 8, 16 at once (docs/osworld.md)")
+    desk.add_argument("--repeat", type=int, default=3, help="desktops measured one at a time (default 3)")
+    desk.add_argument("--calls", type=int, default=10, help="calls of each observation and action (default 10)")
+    desk.add_argument("--concurrency", type=_counts, default=[4, 8, 16], help="desktops at once (default 4,8,16)")
+    desk.add_argument("--window", type=float, default=10.0, help="seconds of memory samples once all are up")
+    desk.add_argument("--json", type=Path, help="write results as JSON here")
+    desk.add_argument("--plot", type=Path, help="write a PNG plot here")
 
     sharing = bench_sub.add_parser("sharing", help="identical and shared memory of the samples of one task, per step")
     suite_arguments(sharing)
@@ -371,6 +390,16 @@ def run(args: argparse.Namespace) -> int:
             ensure_suite_images(WebShopSuite(catalog_size=1, browser=browser))
         event_loop.run(browser_steps.run(args.catalog_size, args.tasks, args.repeat, not args.no_screenshots,
                                          args.json, args.plot))
+        return 0
+    if args.command == "bench" and args.bench == "desktop":
+        from .bench import desktop as bench_desktop
+        from .commands.images import build as build_images
+
+        if args.repeat < 1 or args.calls < 1:
+            raise CommandError("bench desktop: --repeat and --calls are counts of at least 1")
+        build_images(["desktop"])
+        event_loop.run(bench_desktop.run(args.repeat, args.calls, args.concurrency, args.window, args.json,
+                                         args.plot))
         return 0
     if args.command == "bench" and args.bench == "sharing":
         from .bench import sharing as bench_sharing

@@ -376,3 +376,15 @@ def test_images_list_and_build_say_what_is_built_and_refuse_what_is_not_declared
     assert nothing.returncode != 0 and "name the images, or --all" in nothing.stderr
     unknown = bunshin("images", "build", "nope")
     assert unknown.returncode != 0 and "unknown workspace image 'nope'; declared: base" in unknown.stderr
+
+
+def test_bench_desktop_measures_a_real_desktop_and_writes_its_json_and_plot(tmp_path: Path) -> None:
+    out, plot = tmp_path / "desktop.json", tmp_path / "desktop.png"
+    proc = bunshin("bench", "desktop", "--repeat", "1", "--calls", "1", "--concurrency", "1", "--window", "1",
+                   "--json", str(out), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = {row["what"].split(" (")[0]: row for row in data["per_desktop"]}
+    assert rows["create to a session that answers"]["p50"] > 0 and rows["PSS after set-up"]["p50"] > 100  # MiB
+    assert rows["screenshot"]["n"] == 1 and data["concurrent"][0]["desktops"] == 1
+    assert plot.stat().st_size > 10_000
