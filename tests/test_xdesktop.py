@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,3 +160,35 @@ async def test_recording_wallpaper_and_the_rest_of_the_routes(desktop: Workspace
     assert (status, kind) == (200, "image/png") and png[:4] == b"\x89PNG"
     status, _, body = await vm(desktop, "POST", "/setup/download_file", json={"url": "http://x/y", "path": "~/y"})
     assert status == 500 and b"no network" in body
+
+
+async def test_a_desktop_with_ksm_has_every_program_opted_in_and_one_without_none(make_runtime,
+                                                                                  request: pytest.FixtureRequest) -> None:
+    from bunshin.envs.runtime import ksm
+    from bunshin.envs.xdesktop.app import desktop_app
+
+    if "uvloop" in request.node.name:
+        pytest.skip("one pass is enough")
+    if not ksm.available():
+        pytest.skip("kernel without KSM")
+
+    def opted_in(pid: int) -> bool | None:
+        try:
+            flag = "ksm_merge_any: yes" in Path(f"/proc/{pid}/ksm_stat").read_text()
+            alive = int(Path(f"/proc/{pid}/statm").read_text().split()[0]) > 0  # read after: not exiting meanwhile
+        except (OSError, ValueError, IndexError):
+            return None  # gone meanwhile
+        return flag if alive else None
+
+    rt: WorkspaceRuntime = await make_runtime(limits=Limits(memory_bytes=4 << 30, pids=1024, command_timeout_s=150))
+    merged, plain = await rt.create(desktop_app(ksm=True)), await rt.create(desktop_app())
+    for ws, wanted in ((merged, True), (plain, False)):
+        await vm(ws, "POST", "/setup/launch", json={"command": ["gedit"]})
+        await vm_json(ws, "POST", "/execute_with_verification", json={
+            "command": ["true"], "verification": {"window_exists": "gedit"}, "max_wait_time": 60})
+        seen = {pid: opted_in(pid) for pid in ws.cgroup.procs()}
+        seen = {pid: flag for pid, flag in seen.items() if flag is not None}
+        assert len(seen) >= 5 and set(seen.values()) == {wanted}, seen  # host, Xvfb, bus, openbox, gedit...
+    assert ksm.holders()  # the run tunes ksmd while a desktop that opted in lives
+    await merged.close()
+    await plain.close()

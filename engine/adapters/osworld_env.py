@@ -21,11 +21,12 @@ from typing import Any
 from bunshin.envs.records import AppSpec, Limits
 from bunshin.envs.runtime.runtime import WorkspaceRuntime
 from bunshin.envs.workspace import Workspace
+from bunshin.envs.xdesktop.app import desktop_app
 
 from .osworld_http import VmHttpServer
 from .session import AdapterError, RuntimeLoop, track
 
-DESKTOP_APP = AppSpec(target="bunshin.envs.xdesktop.app:XDesktopApp", image="desktop")
+DESKTOP_APP = desktop_app()
 UNSERVED_PORT = 9  # Chromium's DevTools, VNC and VLC are not served yet: DesktopEnv needs a number (discard)
 CALL_TIMEOUT_S = 180.0
 

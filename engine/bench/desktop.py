@@ -7,9 +7,12 @@ drive it. Per desktop, ``--repeat`` times: the time from ``create`` to a session
 (PSS summed over its processes, and its cgroup's charge); a task's set-up (a CSV uploaded, LibreOffice Calc
 launched on it, until its window shows: the time and the memory after); then ``--calls`` of each observation
 (``/screenshot``, ``/accessibility`` with Calc open) and of an action (``/execute`` of OSWorld's pyautogui
-command, a pointer move). Then ``--concurrency`` desktops at once, each set up the same way: the sum of their
-charges and PSS, sampled every second for ``--window`` seconds once all are up (peak, mean).
-Leaves out: KSM (the desktop's processes do not opt in yet), forks (a desktop cannot be forked live), the HTTP
+command, a pointer move). Then ``--concurrency`` desktops at once, each set up the same way, first private, then
+with KSM (every program of a desktop opted in, ksmd tuned by the run): the sum of their PSS and of their cgroups'
+charges, sampled every second for ``--window`` seconds once all are up (peak, mean, last), ksmd's CPU seconds
+and KSM's ``pages_sharing`` at the end. A cgroup's charge counts a shared file page (the image's libraries) in
+the first cgroup that read it only: PSS is the fair per-desktop figure, the summed charge the machine's.
+Leaves out: forks (a desktop cannot be forked live), the HTTP
 hop of OSWorld's controllers (``engine/adapters/osworld_http.py``: the tool call is what it wraps).
 Must never: tune what it measures; leave a workspace behind.
 """
@@ -23,13 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bunshin.envs import AppSpec, ToolCall, Workspace, WorkspaceRuntime
+from bunshin.envs import ToolCall, Workspace, WorkspaceRuntime
 from bunshin.envs.records import Limits
+from bunshin.envs.runtime import ksm
+from bunshin.envs.xdesktop.app import desktop_app
 
 from ..errors import EngineError
 from ..report import markdown_table, percentile, pyplot, write_json
+from .memory import ksmd_cpu_s
 
-DESKTOP = AppSpec(target="bunshin.envs.xdesktop.app:XDesktopApp", image="desktop")
+DESKTOP = desktop_app()
 CSV = "\n".join(["item,price,quantity"] + [f"item {i},{i * 1.5:.2f},{i % 7 + 1}" for i in range(200)]) + "\n"
 MIB = 1 << 20
 
@@ -95,11 +101,13 @@ async def _one(rt: WorkspaceRuntime, calls: int, k: int, repeat: int) -> dict[st
         await ws.close()
 
 
-async def _concurrent(rt: WorkspaceRuntime, n: int, window_s: float) -> dict[str, Any]:
+async def _concurrent(rt: WorkspaceRuntime, n: int, window_s: float, merge: bool) -> dict[str, Any]:
     workspaces: list[Workspace] = []
+    app = desktop_app(ksm=merge)
     try:
         started = time.monotonic()
-        made = await asyncio.gather(*(rt.create(DESKTOP) for _ in range(n)), return_exceptions=True)
+        cpu_before = ksmd_cpu_s()
+        made = await asyncio.gather(*(rt.create(app) for _ in range(n)), return_exceptions=True)
         workspaces = [ws for ws in made if isinstance(ws, Workspace)]
         failed = [m for m in made if not isinstance(m, Workspace)]
         if failed:
@@ -112,8 +120,13 @@ async def _concurrent(rt: WorkspaceRuntime, n: int, window_s: float) -> dict[str
             pss.append(sum(p for p, _ in both))
             charge.append(sum(c for _, c in both))
             await asyncio.sleep(1)
-        _log(f"[{n} desktops] up in {up_s:.1f} s; charge peak {max(charge) / MIB:.0f} MiB")
-        return {"desktops": n, "up_s": up_s, "pss": pss, "charge": charge}
+        cpu_after = ksmd_cpu_s()
+        sharing = ksm.read_counters().get("pages_sharing", 0) if ksm.available() else 0
+        mode = "ksm" if merge else "private"
+        _log(f"[{n} desktops, {mode}] up in {up_s:.1f} s; PSS peak {max(pss) / MIB:.0f} MiB, last {pss[-1] / MIB:.0f}")
+        return {"desktops": n, "mode": mode, "up_s": up_s, "pss": pss, "charge": charge,
+                "ksmd_cpu_s": (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None,
+                "pages_sharing": sharing}
     finally:
         await asyncio.gather(*(ws.close() for ws in workspaces), return_exceptions=True)
 
@@ -134,12 +147,15 @@ def _plot(per: list[dict[str, Any]], together: list[dict[str, Any]], path: Path)
     left.set_title("a desktop workspace: observations and an action")
     left.legend()
     left.grid(alpha=0.3, axis="y")
-    ns = [r["desktops"] for r in together]
-    right.plot(ns, [max(r["charge"]) / MIB / 1024 for r in together], marker="o", label="cgroup charge, peak")
-    right.plot(ns, [max(r["pss"]) / MIB / 1024 for r in together], marker="s", label="PSS, peak")
+    for mode, marker in (("private", "o"), ("ksm", "s")):
+        runs = [r for r in together if r["mode"] == mode]
+        ns = [r["desktops"] for r in runs]
+        right.plot(ns, [r["pss"][-1] / MIB / 1024 for r in runs], marker=marker, label=f"PSS at the end, {mode}")
+        right.plot(ns, [max(r["charge"]) / MIB / 1024 for r in runs], marker=marker, linestyle="--",
+                   label=f"cgroup charge, peak, {mode}")
     right.set_xlabel("desktops at once (each with LibreOffice Calc open)")
     right.set_ylabel("GiB, summed over the desktops")
-    right.set_title("memory of concurrent desktops (private; KSM not yet)")
+    right.set_title("memory of concurrent desktops, private and with KSM")
     right.legend()
     right.grid(alpha=0.3)
     fig.tight_layout()
@@ -152,7 +168,7 @@ async def run(repeat: int, calls: int, concurrency: list[int], window_s: float, 
     limits = Limits(memory_bytes=4 << 30, pids=2048, command_timeout_s=240)
     async with WorkspaceRuntime(limits=limits, start_timeout_s=240) as rt:
         per = [await _one(rt, calls, k, repeat) for k in range(repeat)]
-        together = [await _concurrent(rt, n, window_s) for n in concurrency]
+        together = [await _concurrent(rt, n, window_s, merge) for n in concurrency for merge in (False, True)]
     rows = []
     for label, key, scale, unit in (("create to a session that answers", "ready_s", 1, "s"),
                                     ("set-up: CSV in, Calc's window shown", "setup_s", 1, "s"),
@@ -168,15 +184,21 @@ async def run(repeat: int, calls: int, concurrency: list[int], window_s: float, 
                      "n": sum(len(s[name]) for s in per)})
     print(markdown_table(rows, [("what", "per desktop"), ("unit", "unit"), ("p50", "p50"), ("min", "min"),
                                 ("max", "max"), ("n", "n")]))
-    crowd = [{"desktops": r["desktops"], "up_s": round(r["up_s"], 1),
+    crowd = [{"desktops": r["desktops"], "mode": r["mode"], "up_s": round(r["up_s"], 1),
+              "pss_mean_gib": round(sum(r["pss"]) / len(r["pss"]) / MIB / 1024, 2),
+              "pss_last_gib": round(r["pss"][-1] / MIB / 1024, 2),
+              "ksmd_cpu_s": round(r["ksmd_cpu_s"], 2) if r["ksmd_cpu_s"] is not None else None,
+              "pages_sharing": r["pages_sharing"],
               "charge_peak_gib": round(max(r["charge"]) / MIB / 1024, 2),
               "charge_mean_gib": round(sum(r["charge"]) / len(r["charge"]) / MIB / 1024, 2),
               "pss_peak_gib": round(max(r["pss"]) / MIB / 1024, 2),
               "charge_per_desktop_mib": round(max(r["charge"]) / r["desktops"] / MIB)} for r in together]
     print()
-    print(markdown_table(crowd, [("desktops", "desktops at once"), ("up_s", "all set up, s"),
-                                 ("charge_peak_gib", "charge peak GiB"), ("charge_mean_gib", "charge mean GiB"),
-                                 ("pss_peak_gib", "PSS peak GiB"), ("charge_per_desktop_mib", "charge per desktop MiB")]))
+    print(markdown_table(crowd, [("desktops", "desktops at once"), ("mode", "memory"), ("up_s", "all set up, s"),
+                                 ("pss_peak_gib", "PSS peak GiB"), ("pss_mean_gib", "PSS mean GiB"),
+                                 ("pss_last_gib", "PSS last GiB"), ("charge_peak_gib", "charge peak GiB"),
+                                 ("charge_mean_gib", "charge mean GiB"), ("charge_per_desktop_mib", "charge/desktop MiB"),
+                                 ("ksmd_cpu_s", "ksmd CPU s"), ("pages_sharing", "KSM pages_sharing")]))
     data = {"repeat": repeat, "calls": calls, "window_s": window_s, "per_desktop": rows, "concurrent": crowd,
             "samples": per, "concurrent_samples": together}
     if json_path:

@@ -18,11 +18,13 @@ from typing import Any
 import msgspec
 
 from ..app import AppContext, Tool, ToolError, WorkspaceApp
-from ..records import Observation
+from ..records import AppSpec, Observation
+from ..runtime import syscalls
 from .guest import Guest, GuestError
 from .session import SCREEN, DesktopSession
 from .vm_api import VmApi, VmRequest
 
+TARGET = "bunshin.envs.xdesktop.app:XDesktopApp"
 GUEST_DIR = "/opt/bunshin"  # root's, in the workspace's own files: what the agent runs but cannot change
 A11Y_SCRIPT = f"{GUEST_DIR}/a11y_guest.py"
 A11Y_TIMEOUT_S = 60.0
@@ -30,15 +32,23 @@ MAX_TREE = 32 << 20
 
 
 class XDesktopApp(WorkspaceApp):
-    def __init__(self, screen: tuple[int, int] | list[int] = SCREEN):
+    """``ksm``: every program of the desktop may be merged by KSM (the host opts itself in before it starts
+    anything, and what it starts inherits it): a desktop is never forked live, so its pages are its own and only
+    KSM can share them with another desktop's. Give the ``AppSpec`` ``merge_memory=True`` too, so that the run
+    tunes ksmd while it lives (``desktop_app``)."""
+
+    def __init__(self, screen: tuple[int, int] | list[int] = SCREEN, ksm: bool = False):
         width, height = (int(v) for v in screen)
         if not (320 <= width <= 7680 and 240 <= height <= 4320):
             raise ValueError(f"screen {width}x{height}: out of 320x240..7680x4320")
         self.screen = (width, height)
+        self.ksm = bool(ksm)
         self.session: DesktopSession | None = None
 
     def setup(self, ctx: AppContext) -> None:
         self.ctx = ctx
+        if self.ksm:
+            syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
         os.makedirs(GUEST_DIR, mode=0o755, exist_ok=True)
         shutil.copyfile(Path(__file__).with_name("a11y_guest.py"), A11Y_SCRIPT)
         os.chmod(A11Y_SCRIPT, 0o644)
@@ -75,3 +85,9 @@ class XDesktopApp(WorkspaceApp):
         if self.session is not None:
             self.session.stop()
             self.session = None
+
+
+def desktop_app(*, ksm: bool = False, screen: tuple[int, int] = SCREEN) -> AppSpec:
+    """The ``AppSpec`` of a desktop workspace on the image ``desktop`` (with ``ksm``, its programs opt into KSM and
+    the run tunes ksmd while it lives)."""
+    return AppSpec(target=TARGET, kwargs={"ksm": ksm, "screen": list(screen)}, merge_memory=ksm, image="desktop")
