@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     images_build.add_argument("names", nargs="*", help="image names (bunshin images list shows them)")
     images_build.add_argument("--all", action="store_true", help="every declared image")
     images_sub.add_parser("list", help="every declared image: built or not, what it holds, where")
+    images_sub.add_parser("prune", help="remove built images no declared recipe names any more (older recipes')")
 
     demo = sub.add_parser("demo", help="fork a live workspace a few times and show what it measured")
     demo.add_argument("--size", type=nbytes_of, default=nbytes_of("256M"))
@@ -334,6 +335,10 @@ def run(args: argparse.Namespace) -> int:
         if args.images_command == "list":
             for line in images_command.table():
                 print(line)
+            return 0
+        if args.images_command == "prune":
+            for name in images_command.prune():
+                print(f"removed {name}")
             return 0
         if args.all == bool(args.names):
             raise CommandError("bunshin images build: name the images, or --all")

@@ -201,3 +201,14 @@ def test_the_desktops_infeasible_tasks_get_the_same_verdicts_on_a_host_with_more
         results[host] = rewards
     assert len(results["plain"]) == 8 and set(results["plain"].values()) == {1.0}  # each given up, rightly
     assert results["more tools"] == results["plain"]
+
+
+def test_prune_removes_what_no_recipe_names_and_keeps_the_rest(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    current = ImageRecipe(name="t", description="test", packages=("python3",))
+    older = ImageRecipe(name="t", description="test", packages=("python3", "gone"))
+    fake_built(tmp_path, current)
+    fake_built(tmp_path, older)
+    (tmp_path / f"{current.key()}.partial-99999").mkdir()  # a killed build's
+    assert sorted(store.prune({current.key()})) == sorted([older.key(), f"{current.key()}.partial-99999"])
+    assert [b.path.name for b in store.built()] == [current.key()]

@@ -50,6 +50,12 @@ def build(names: list[str], store: ImageStore | None = None) -> list[str]:
     return made
 
 
+def prune(store: ImageStore | None = None) -> list[str]:
+    """Remove the images no declared recipe names any more (and killed builds' leftovers)."""
+    store = store or ImageStore()
+    return store.prune({wanted.key() for wanted in RECIPES.values()})
+
+
 def ensure_suite_images(suite: Suite) -> None:
     """Before a command runs ``suite``: build its images that are not built (the first run on a machine that skipped
     scripts/setup.sh pays the build once, with progress, instead of failing at its first workspace)."""

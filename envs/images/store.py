@@ -150,6 +150,26 @@ class ImageStore:
                  f"{manifest.size_bytes / 2**20:.0f} MiB, {manifest.build_seconds:.0f} s) in {final}")
         return BuiltImage(final, manifest)
 
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove every image whose key is not in ``keep`` (an older recipe's, say) and what killed builds left;
+        the names removed. An image being built now is left alone (its builder holds its lock)."""
+        removed = []
+        for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if not path.is_dir() or path.name in keep:
+                continue
+            key = path.name.split(_PARTIAL, 1)[0]
+            lock = os.open(self.root / f".{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                shutil.rmtree(path)
+                removed.append(path.name)
+            finally:
+                os.close(lock)
+        return removed
+
     @contextlib.contextmanager
     def _lock(self, recipe: ImageRecipe) -> Iterator[None]:
         fd = os.open(self.root / f".{recipe.key()}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
