@@ -138,3 +138,39 @@ async def test_the_agent_cannot_reach_the_vm_api_and_bad_requests_are_refused(
         await ws.close()
         async with http.get(f"http://127.0.0.1:{server.port}/platform") as answer:
             assert answer.status == 502  # the workspace is gone; the server still answers
+
+
+def chrome_steps(port: int, cdp_port: int, tmp: Path) -> Any:
+    """OSWorld's convention: Chrome on 1337, socat from 9222; then its chrome_open_tabs step and a chrome getter,
+    both through Playwright's connect_over_cdp to the engine-side port carried to 9222 inside."""
+    from types import SimpleNamespace
+
+    from desktop_env.controllers.setup import SetupController
+    from desktop_env.evaluators.getters.chrome import get_open_tabs_info
+
+    for name in ("alpha", "beta"):
+        (tmp / f"{name}.html").write_text(f"<html><head><title>page {name}</title></head><body>{name}</body></html>")
+    (tmp / "cache").mkdir(exist_ok=True)
+    setup = SetupController(vm_ip="127.0.0.1", server_port=port, chromium_port=cdp_port, cache_dir=str(tmp / "cache"))
+    setup.setup([
+        {"type": "upload_file", "parameters": {"files": [{"local_path": str(tmp / f"{n}.html"),
+                                                          "path": f"/home/agent/{n}.html"} for n in ("alpha", "beta")]}},
+        {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+        {"type": "launch", "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}},
+        {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["file:///home/agent/alpha.html",
+                                                                     "file:///home/agent/beta.html"]}},
+    ])
+    env = SimpleNamespace(vm_ip="127.0.0.1", chromium_port=cdp_port, server_port=port)
+    return get_open_tabs_info(env, {})
+
+
+async def test_chrome_is_google_chrome_and_osworlds_cdp_steps_and_getters_reach_it(
+        make_runtime, tmp_path: Path, http_only: None) -> None:
+    from bunshin.engine.adapters.osworld_http import PortForward
+
+    rt: WorkspaceRuntime = await make_runtime(limits=Limits(memory_bytes=4 << 30, pids=1024, command_timeout_s=150))
+    ws = await rt.create(DESKTOP)
+    async with VmHttpServer(ws) as server, PortForward(ws, 9222) as cdp:
+        tabs = await asyncio.to_thread(chrome_steps, server.port, cdp.port, tmp_path)
+    assert [tab["title"] for tab in tabs] == ["page alpha", "page beta"], tabs
+    await ws.close()

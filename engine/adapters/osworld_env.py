@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from bunshin.envs.records import AppSpec, Limits
+from bunshin.envs.runtime.host_workspace import HostWorkspace
 from bunshin.envs.runtime.runtime import WorkspaceRuntime
-from bunshin.envs.workspace import Workspace
 from bunshin.envs.xdesktop.app import desktop_app
 
-from .osworld_http import VmHttpServer
+from .osworld_http import PortForward, VmHttpServer
 from .session import AdapterError, RuntimeLoop, track
 
 DESKTOP_APP = desktop_app()
-UNSERVED_PORT = 9  # Chromium's DevTools, VNC and VLC are not served yet: DesktopEnv needs a number (discard)
+UNSERVED_PORT = 9  # VNC is not served: DesktopEnv needs a number (discard)
+CHROMIUM_PORT, VLC_PORT = 9222, 8080  # inside the workspace, as in OSWorld's VM
 CALL_TIMEOUT_S = 180.0
 
 
@@ -42,8 +43,9 @@ class RuntimeProvider:
             kwargs["state_dir"] = state_dir
         self.loop.runtime = WorkspaceRuntime(**kwargs)
         self._call(self.loop.runtime.start())
-        self.ws: Workspace | None = None
+        self.ws: HostWorkspace | None = None
         self.server: VmHttpServer | None = None
+        self.forwards: dict[int, PortForward] = {}
 
     def _call(self, coro: Any) -> Any:
         return self.loop.submit(coro).result(CALL_TIMEOUT_S)
@@ -58,18 +60,25 @@ class RuntimeProvider:
         ws = await self.loop.runtime.create(self.app)
         self.loop.workspaces.add(ws)
         server = VmHttpServer(ws)
+        forwards = {port: PortForward(ws, port) for port in (CHROMIUM_PORT, VLC_PORT)}
         try:
             await server.start()
+            for forward in forwards.values():
+                await forward.start()
         except BaseException:
+            for forward in forwards.values():
+                await forward.close()
+            await server.close()
             await ws.close()
             self.loop.workspaces.discard(ws)
             raise
-        self.ws, self.server = ws, server
+        self.ws, self.server, self.forwards = ws, server, forwards
 
     def get_ip_address(self, path_to_vm: str) -> str:
         if self.server is None:
             raise AdapterError("the desktop is not started (start_emulator first)")
-        return f"127.0.0.1:{self.server.port}:{UNSERVED_PORT}:{UNSERVED_PORT}:{UNSERVED_PORT}"
+        return (f"127.0.0.1:{self.server.port}:{self.forwards[CHROMIUM_PORT].port}:{UNSERVED_PORT}:"
+                f"{self.forwards[VLC_PORT].port}")
 
     def save_state(self, path_to_vm: str, snapshot_name: str) -> None:
         raise AdapterError("save_state: a desktop workspace cannot be snapshotted live (its programs are not "
@@ -85,9 +94,11 @@ class RuntimeProvider:
             self._call(self._stop())
 
     async def _stop(self) -> None:
-        server, ws = self.server, self.ws
-        self.server = self.ws = None
+        server, ws, forwards = self.server, self.ws, self.forwards
+        self.server, self.ws, self.forwards = None, None, {}
         try:
+            for forward in forwards.values():
+                await forward.close()
             if server is not None:
                 await server.close()
         finally:

@@ -21,7 +21,7 @@ import msgspec
 from ..errors import CallDeadlineExceeded, RequestRefused, WorkspaceBroken, WorkspaceClosed
 from ..records import AppSpec, Limits, MemoryStats, Observation, ToolCall
 from ..workspace import Snapshot, Workspace, WorkspaceImage, call_timeouts
-from . import await_points
+from . import await_points, ports
 from .cgroups import Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
 from .memory import processes_memory
@@ -198,6 +198,16 @@ class HostWorkspace(Workspace):
         those left at its close. Restore one with ``WorkspaceRuntime.restore_image``. Raises ImageFailed (the
         app or a worker could not image its state), WorkspaceBroken, WorkspaceClosed; nothing is left then."""
         return await self.services.image(self, name)
+
+    async def connect(self, port: int, timeout_s: float = 10.0) -> socket.socket:
+        """A socket connected to 127.0.0.1:``port`` inside the workspace (a harness's way in to a program that
+        listens there: Chromium's DevTools, VLC's HTTP interface); the agent has no way out by it. OSError when
+        nothing listens; WorkspaceClosed after ``close()``."""
+        if self._closing is not None:
+            raise WorkspaceClosed(self.id, "used after close()")
+        if self.broken:
+            raise WorkspaceBroken(self.id, self.broken)
+        return await asyncio.to_thread(ports.connect_inside, self.pid, port, timeout_s)
 
     # -- state ------------------------------------------------------------------------------------------------
     def memory(self) -> MemoryStats:

@@ -28,6 +28,10 @@ TARGET = "bunshin.envs.xdesktop.app:XDesktopApp"
 GUEST_DIR = "/opt/bunshin"  # root's, in the workspace's own files: what the agent runs but cannot change
 A11Y_SCRIPT = f"{GUEST_DIR}/a11y_guest.py"
 A11Y_TIMEOUT_S = 60.0
+# Debian's Chromium under Chrome's name; no sandbox of its own (the workspace is the sandbox: an agent's uid has no
+# user namespaces to make one), no first-run questions, passwords kept in its profile, not a keyring
+CHROME = ("#!/bin/sh\nexec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check "
+          "--password-store=basic --disable-dev-shm-usage \"$@\"\n")
 MAX_TREE = 32 << 20
 
 
@@ -49,9 +53,14 @@ class XDesktopApp(WorkspaceApp):
         self.ctx = ctx
         if self.ksm:
             syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
-        os.makedirs(GUEST_DIR, mode=0o755, exist_ok=True)
+        os.makedirs(f"{GUEST_DIR}/bin", mode=0o755, exist_ok=True)
         shutil.copyfile(Path(__file__).with_name("a11y_guest.py"), A11Y_SCRIPT)
         os.chmod(A11Y_SCRIPT, 0o644)
+        for name in ("google-chrome", "google-chrome-stable"):  # OSWorld's tasks launch Chrome by these names
+            path = f"{GUEST_DIR}/bin/{name}"
+            with open(path, "w") as script:
+                script.write(CHROME)
+            os.chmod(path, 0o755)
         self.guest = Guest(ctx.run_agent)
         self.api = VmApi(self.guest, self._a11y_tree, self.screen)
         self.session = DesktopSession(ctx, self.screen)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..app import AppContext, ToolError
@@ -32,7 +34,7 @@ ENV = {
     "HOME": AGENT_HOME,
     "USER": "agent",
     "LOGNAME": "agent",
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "PATH": "/opt/bunshin/bin:/usr/local/bin:/usr/bin:/bin",  # /opt/bunshin/bin: google-chrome (app.py)
     "LANG": "C.UTF-8",
     "TZ": "UTC",
     "SHELL": "/bin/bash",
@@ -66,28 +68,39 @@ class DesktopSession:
         width, height = self.screen
         self._launch("xvfb", ["/usr/bin/Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
                               "-dpi", "96", "+extension", "RANDR"])
-        self._wait_connectable(X_SOCKET, "the display (Xvfb)", deadline)
+        self._wait_ready(X_SOCKET, "the display (Xvfb)", deadline, _x_answers)
         self._launch("dbus", ["/usr/bin/dbus-daemon", "--session", "--nofork", "--nopidfile",
                               f"--address=unix:abstract={BUS_NAME}"])
-        self._wait_connectable("\0" + BUS_NAME, "the session bus (dbus-daemon)", deadline)
-        self._launch("openbox", ["/usr/bin/openbox"])
+        self._wait_ready("\0" + BUS_NAME, "the session bus (dbus-daemon)", deadline, lambda sock: True)
+        openbox = self._launch("openbox", ["/usr/bin/openbox"])
+        starts = 1
         while True:
             if self.ctx.run_agent(session_exports() + "wmctrl -m >/dev/null 2>&1", 5).exit_code == 0:
                 return
+            if openbox.proc.poll() is not None and starts < 3:  # it gave up on a display still settling: again
+                self.processes.remove(openbox)
+                openbox.kill()
+                openbox = self._launch("openbox", ["/usr/bin/openbox"])
+                starts += 1
             if time.monotonic() > deadline:
                 raise ToolError(f"the window manager (openbox) did not answer within {READY_TIMEOUT_S:g} s: "
                                 f"{self._logs()}")
             time.sleep(0.05)
 
-    def _launch(self, name: str, argv: list[str]) -> None:
-        self.processes.append(self.ctx.launch(name, argv, env=ENV))
+    def _launch(self, name: str, argv: list[str]) -> Any:
+        process = self.ctx.launch(name, argv, env=ENV)
+        self.processes.append(process)
+        return process
 
-    def _wait_connectable(self, address: str, what: str, deadline: float) -> None:
+    def _wait_ready(self, address: str, what: str, deadline: float, answers: Callable[[socket.socket], bool]) -> None:
+        """Until ``address`` accepts a connection on which ``answers`` holds."""
         while True:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(2)
                 try:
                     probe.connect(address)
-                    return
+                    if answers(probe):
+                        return
                 except OSError:
                     pass
             if any(p.proc.poll() is not None for p in self.processes):
@@ -103,3 +116,10 @@ class DesktopSession:
         for process in reversed(self.processes):
             process.kill()
         self.processes = []
+
+
+def _x_answers(sock: socket.socket) -> bool:
+    """Whether the X server on ``sock`` accepts a client: its answer to X11's connection set-up (no authorisation,
+    little-endian) starts with 1, success."""
+    sock.sendall(b"l\x00" + struct.pack("<HHHH", 11, 0, 0, 0) + b"\x00\x00")
+    return sock.recv(8)[:1] == b"\x01"
