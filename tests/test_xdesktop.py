@@ -192,3 +192,17 @@ async def test_a_desktop_with_ksm_has_every_program_opted_in_and_one_without_non
     assert ksm.holders()  # the run tunes ksmd while a desktop that opted in lives
     await merged.close()
     await plain.close()
+
+
+async def test_a_module_the_agent_plants_never_builds_the_tree_the_judge_reads(desktop: Workspace) -> None:
+    fake = "raise SystemExit('planted')"
+    for module in ("pyatspi", "json", "sitecustomize", "usercustomize"):
+        await vm(desktop, "POST", "/setup/upload", form={"file_path": f"~/.local/lib/python3.11/site-packages/{module}.py"},
+                 files={"file_data": fake.encode()})
+    status, body = await vm_json(desktop, "GET", "/accessibility")
+    assert status == 200 and body["AT"].startswith("<desktop-frame")
+    status, body = await vm_json(desktop, "POST", "/list_directory", json={"path": "/home/agent/.local/lib"})
+    site = body["directory_tree"]["children"][0]["children"][0]
+    assert status == 200 and site["name"] == "site-packages"
+    assert sorted(child["name"] for child in site["children"]) == [
+        "json.py", "pyatspi.py", "sitecustomize.py", "usercustomize.py"]

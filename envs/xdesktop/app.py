@@ -81,7 +81,9 @@ class XDesktopApp(WorkspaceApp):
 
     def _a11y_tree(self) -> str:
         out = self.guest.scratch_path("a11y") + ".xml"
-        done = self.guest.run(["/usr/bin/python3", A11Y_SCRIPT, out], shell=False, timeout_s=A11Y_TIMEOUT_S)
+        # isolated (-I): no user site-packages, no PYTHON* variables: a module the agent planted in its home is
+        # never what builds the tree the judge reads
+        done = self.guest.run(["/usr/bin/python3", "-I", A11Y_SCRIPT, out], shell=False, timeout_s=A11Y_TIMEOUT_S)
         if done.returncode != 0:
             raise GuestError(f"accessibility tree: {done.stderr.strip()[-500:] or 'timed out'}")
         return self.guest.take(out, MAX_TREE).decode("utf-8", "replace")

@@ -250,7 +250,7 @@ class VmApi:
         path = _json_body(request).get("path")
         if not path:
             return as_json({"error": "Missing 'path' parameter"}, 400)
-        done = self.guest.run(["/usr/bin/python3", "-c", _LIST_TREE, path], shell=False, timeout_s=60)
+        done = self.guest.run(["/usr/bin/python3", "-I", "-c", _LIST_TREE, path], shell=False, timeout_s=60)
         if done.returncode == 3:
             return as_json({"error": "The provided path is not a directory"}, 400)
         if done.returncode != 0 or len(done.stdout) >= MAX_OUTPUT:
