@@ -42,7 +42,11 @@ class RuntimeProvider:
         if state_dir is not None:
             kwargs["state_dir"] = state_dir
         self.loop.runtime = WorkspaceRuntime(**kwargs)
-        self._call(self.loop.runtime.start())
+        try:
+            self._call(self.loop.runtime.start())
+        except BaseException:
+            self.loop.shutdown()  # the runtime's close undoes what its start made; then the thread ends
+            raise
         self.ws: HostWorkspace | None = None
         self.server: VmHttpServer | None = None
         self.forwards: dict[int, PortForward] = {}
