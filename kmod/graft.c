@@ -8,10 +8,13 @@
  *   park     wait until every other thread of the caller is parked in
  *            BUNSHIN_IOC_GRAFT_THREAD on this file, then commit
  *   capture  copy the source thread's CPU state (allocates all the rest needs)
- *   dup      duplicate the source's address space, copy-on-write, and check
- *            the source stayed stopped
+ *   dup      duplicate the source's address space, copy-on-write, move the
+ *            mappings named for remapping onto their copies (remap.c), and
+ *            check the source stayed stopped
  *   switch   move the caller onto the duplicate          (point of no return)
- *   apply    give the caller the captured CPU state, release parked threads
+ *   apply    give the caller the captured CPU state, release parked threads,
+ *            close the helper's own descriptors (BUNSHIN_GRAFT_CLOSE), and
+ *            wait for the file's release (BUNSHIN_GRAFT_HOLD)
  *
  * Until the switch a failure undoes exactly what was done and the caller goes
  * on as before; the source is never written to. After the switch the caller's
@@ -24,7 +27,10 @@
  * thread that cannot follow a graft that is done is killed, and its group
  * with it: no thread may run on in the old address space beside the clone.
  */
+#include <linux/fdtable.h>
+#include <linux/file.h>
 #include <linux/nsproxy.h>
+#include <linux/poll.h>
 #include <linux/pid.h>
 #include <linux/time_namespace.h>
 #include <linux/sched/mm.h>
@@ -68,8 +74,11 @@ static int bunshin_session_join(struct bunshin_session *s)
 	return s->caller == me ? 0 : -EINVAL;
 }
 
-/* Enter the session as a grafting thread (or, @parking, a parked one). */
-static int bunshin_session_enter(struct bunshin_session *s, bool parking)
+/*
+ * Enter the session as a grafting thread (or, @parking, a parked one);
+ * @req_hold: the graft's BUNSHIN_GRAFT_HOLD.
+ */
+static int bunshin_session_enter(struct bunshin_session *s, bool parking, bool req_hold)
 {
 	int err = mutex_lock_killable(&s->lock);
 
@@ -91,10 +100,12 @@ static int bunshin_session_enter(struct bunshin_session *s, bool parking)
 		err = -EINVAL;
 	}
 	if (!err) {
-		if (parking)
+		if (parking) {
 			s->parked++;
-		else
+		} else {
 			s->state = BUNSHIN_SESSION_GRAFTING;
+			s->hold = req_hold;
+		}
 	}
 	mutex_unlock(&s->lock);
 	if (!err)
@@ -115,6 +126,7 @@ static void bunshin_session_finish(struct bunshin_session *s, struct bunshin_sou
 	} else {
 		s->state = BUNSHIN_SESSION_DONE;
 		s->source = get_pid(src->group);
+		s->capturing = s->parked;
 		if (s->parked) {
 			mmget(mm);
 			s->mm = mm;
@@ -122,6 +134,50 @@ static void bunshin_session_finish(struct bunshin_session *s, struct bunshin_sou
 	}
 	mutex_unlock(&s->lock);
 	wake_up_all(&s->wq);
+}
+
+/*
+ * BUNSHIN_GRAFT_HOLD: a grafted thread waits here, past the point of no
+ * return, until the file is released. Freezable, so that a clone released
+ * into a frozen cgroup traps into the freezer before its first instruction;
+ * killable, and a fatal signal ends the wait (the thread dies on its way out).
+ */
+static void bunshin_session_hold(struct bunshin_session *s)
+{
+	if (READ_ONCE(s->hold))
+		wait_event_state(s->wq, READ_ONCE(s->released), (TASK_KILLABLE | TASK_FREEZABLE));
+}
+
+/* A parked thread took its source thread's state (or failed to): one fewer to wait for. */
+static void bunshin_session_captured(struct bunshin_session *s)
+{
+	mutex_lock(&s->lock);
+	if (s->capturing)
+		s->capturing--;
+	mutex_unlock(&s->lock);
+	wake_up_all(&s->wq);
+}
+
+long bunshin_session_release(struct bunshin_session *s)
+{
+	mutex_lock(&s->lock);
+	s->released = true;
+	mutex_unlock(&s->lock);
+	wake_up_all(&s->wq);
+	return 0;
+}
+
+__poll_t bunshin_session_poll(struct bunshin_session *s)
+{
+	switch (READ_ONCE(s->state)) {
+	case BUNSHIN_SESSION_DONE:
+		/* done: every thread of the clone has its state, the source may run */
+		return READ_ONCE(s->capturing) ? 0 : EPOLLIN | EPOLLRDNORM;
+	case BUNSHIN_SESSION_FAILED:
+		return EPOLLIN | EPOLLRDNORM | EPOLLERR;
+	default:
+		return 0;
+	}
 }
 
 static bool bunshin_all_parked(struct bunshin_session *s)
@@ -167,14 +223,36 @@ static int bunshin_session_commit(struct bunshin_session *s)
 	return err;
 }
 
-long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
+/*
+ * BUNSHIN_GRAFT_CLOSE: close the caller's descriptors from @fd up. The files'
+ * last references are dropped by task work, after the ioctl returns, so this
+ * very file may be among them.
+ */
+static void bunshin_close_from(unsigned int fd)
+{
+	struct files_struct *files = current->files;
+	unsigned int max;
+	struct file *file;
+
+	spin_lock(&files->file_lock);
+	max = files_fdtable(files)->max_fds;
+	spin_unlock(&files->file_lock);
+	for (; fd < max; fd++) {
+		file = close_fd_get_file(fd);
+		if (file)
+			filp_close(file, files);
+	}
+}
+
+long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req,
+		   const struct bunshin_remap_table *remap)
 {
 	struct bunshin_source src;
 	struct bunshin_cpu *cpu;
 	struct mm_struct *mm;
 	int err;
 
-	err = bunshin_session_enter(s, false);
+	err = bunshin_session_enter(s, false, req->flags & BUNSHIN_GRAFT_HOLD);
 	if (err)
 		return err;
 	err = bunshin_source_get(req, &src);
@@ -197,6 +275,9 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 		err = PTR_ERR(mm);
 		goto free_cpu;
 	}
+	err = bunshin_remap_apply(mm, remap);
+	if (err)
+		goto put_mm;
 	/* the copy is of a stopped source only if it stayed stopped throughout */
 	err = -EBUSY;
 	if (!bunshin_group_stopped(src.thread->group_leader))
@@ -217,7 +298,16 @@ long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req)
 	}
 	bunshin_cpu_apply(cpu, s->file);
 	bunshin_session_finish(s, &src, mm, 0);
+	/*
+	 * Return (and report the graft done to poll()) only once every parked
+	 * thread has taken its state: from then on the source may run. A thread
+	 * that cannot kills the group, this wait with it.
+	 */
+	wait_event_killable(s->wq, !READ_ONCE(s->capturing));
 	bunshin_source_put(&src);
+	if (req->flags & BUNSHIN_GRAFT_CLOSE)
+		bunshin_close_from(req->close_from);
+	bunshin_session_hold(s);
 	return 0;
 
 put_mm:
@@ -269,7 +359,7 @@ long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft 
 		bunshin_session_refuse(s, err);
 		return err;
 	}
-	err = bunshin_session_enter(s, true);
+	err = bunshin_session_enter(s, true, false);
 	if (err)
 		goto put_source;
 	/* killable only: a parked thread is part of its group's graft */
@@ -290,6 +380,7 @@ long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft 
 	 * that cannot follow must not run on in the old one (SIGKILL, the group).
 	 */
 	cpu = bunshin_cpu_capture(src.thread, false);
+	bunshin_session_captured(s);
 	if (IS_ERR(cpu)) {
 		err = PTR_ERR(cpu);
 		goto kill;
@@ -301,6 +392,7 @@ long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft 
 	}
 	bunshin_cpu_apply(cpu, s->file);
 	bunshin_source_put(&src);
+	bunshin_session_hold(s);
 	return 0;
 
 kill:

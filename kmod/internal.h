@@ -38,6 +38,8 @@ struct bunshin_syms {
 	void (*set_task_comm)(struct task_struct *tsk, const char *from, bool exec);
 	void (*put_task_stack)(struct task_struct *tsk);
 	int (*vdso_join_timens)(struct task_struct *task, struct time_namespace *ns);
+	void (*vma_interval_tree_insert)(struct vm_area_struct *node, struct rb_root_cached *root);
+	void (*vma_interval_tree_remove)(struct vm_area_struct *node, struct rb_root_cached *root);
 };
 
 extern struct bunshin_syms bunshin_syms;
@@ -83,6 +85,13 @@ struct bunshin_cpu *bunshin_cpu_capture(struct task_struct *t, bool with_handler
 void bunshin_cpu_apply(struct bunshin_cpu *cpu, struct file *file);
 void bunshin_cpu_free(struct bunshin_cpu *cpu);
 
+/* remap.c: the clone's own copies of files the source maps (BUNSHIN_GRAFT_REMAP) */
+struct bunshin_remap_table;
+
+struct bunshin_remap_table *bunshin_remap_get(const struct bunshin_graft *req);
+int bunshin_remap_apply(struct mm_struct *mm, const struct bunshin_remap_table *t);
+void bunshin_remap_put(struct bunshin_remap_table *t);
+
 /* graft.c: one open file, the graft it performs and the threads parked for it */
 enum bunshin_session_state {
 	BUNSHIN_SESSION_NEW,		/* BUNSHIN_IOC_API not called yet */
@@ -102,12 +111,18 @@ struct bunshin_session {
 	struct pid *source;		/* thread group grafted */
 	struct mm_struct *mm;		/* the copy, held while parked threads adopt it */
 	unsigned int parked;		/* threads waiting in BUNSHIN_IOC_GRAFT_THREAD */
+	unsigned int capturing;		/* parked threads yet to take their source thread's state */
+	bool hold;			/* BUNSHIN_GRAFT_HOLD: the clone waits for a release */
+	bool released;			/* BUNSHIN_IOC_RELEASE was called */
 	wait_queue_head_t wq;
 };
 
 struct bunshin_session *bunshin_session_new(struct file *file);
 void bunshin_session_free(struct bunshin_session *s);
-long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req);
+long bunshin_graft(struct bunshin_session *s, const struct bunshin_graft *req,
+		   const struct bunshin_remap_table *remap);
 long bunshin_graft_thread(struct bunshin_session *s, const struct bunshin_graft *req);
+long bunshin_session_release(struct bunshin_session *s);
+__poll_t bunshin_session_poll(struct bunshin_session *s);
 
 #endif /* _BUNSHIN_INTERNAL_H */

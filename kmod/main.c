@@ -14,8 +14,9 @@
  *
  * This file owns the device and the ioctl ABI: BUNSHIN_IOC_API first, then one
  * BUNSHIN_IOC_GRAFT (with BUNSHIN_IOC_GRAFT_THREAD for the other threads) per
- * open file. Each ioctl copies its argument in, validates it, acts, and copies
- * the result out; unknown commands get -ENOTTY, unknown flags and non-zero
+ * open file; BUNSHIN_IOC_RELEASE and poll() from whoever holds the file.
+ * Each ioctl copies its argument in, validates it, acts, and copies the
+ * result out; unknown commands get -ENOTTY, unknown flags and non-zero
  * reserved fields -EINVAL. There is no compat_ioctl: a graft is between
  * 64-bit processes.
  */
@@ -24,14 +25,18 @@
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
+#include <linux/poll.h>
 #include <linux/uaccess.h>
 
 #include "internal.h"
 
-#define BUNSHIN_FEATURES	(BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS)
+#define BUNSHIN_FEATURES	(BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS |	\
+				 BUNSHIN_FEATURE_CLOSE | BUNSHIN_FEATURE_REMAP |	\
+				 BUNSHIN_FEATURE_HOLD)
 #define BUNSHIN_IOCTLS		(BIT_ULL(_IOC_NR(BUNSHIN_IOC_API)) |		\
 				 BIT_ULL(_IOC_NR(BUNSHIN_IOC_GRAFT)) |		\
-				 BIT_ULL(_IOC_NR(BUNSHIN_IOC_GRAFT_THREAD)))
+				 BIT_ULL(_IOC_NR(BUNSHIN_IOC_GRAFT_THREAD)) |	\
+				 BIT_ULL(_IOC_NR(BUNSHIN_IOC_RELEASE)))
 
 static int bunshin_open(struct inode *inode, struct file *file)
 {
@@ -81,14 +86,32 @@ static long bunshin_ioctl_api(struct bunshin_session *s, void __user *uarg)
 
 static long bunshin_ioctl_graft(struct bunshin_session *s, void __user *uarg, bool thread)
 {
+	struct bunshin_remap_table *remap = NULL;
 	struct bunshin_graft req;
+	long err;
 
 	if (copy_from_user(&req, uarg, sizeof(req)))
 		return -EFAULT;
-	if (req.flags & ~BUNSHIN_GRAFT_FLAGS || req.reserved0 || req.reserved[0] ||
-	    req.reserved[1])
+	if (req.flags & ~BUNSHIN_GRAFT_FLAGS || req.reserved)
 		return -EINVAL;
-	return thread ? bunshin_graft_thread(s, &req) : bunshin_graft(s, &req);
+	/* closing and remapping are the grafting thread's, and their fields zero without them */
+	if (thread && req.flags & (BUNSHIN_GRAFT_CLOSE | BUNSHIN_GRAFT_REMAP | BUNSHIN_GRAFT_HOLD))
+		return -EINVAL;
+	if (!(req.flags & BUNSHIN_GRAFT_CLOSE) && req.close_from)
+		return -EINVAL;
+	if (req.flags & BUNSHIN_GRAFT_REMAP ?
+	    !req.nr_remap || req.nr_remap > BUNSHIN_REMAP_MAX : req.remap || req.nr_remap)
+		return -EINVAL;
+	if (thread)
+		return bunshin_graft_thread(s, &req);
+	if (req.flags & BUNSHIN_GRAFT_REMAP) {
+		remap = bunshin_remap_get(&req);
+		if (IS_ERR(remap))
+			return PTR_ERR(remap);
+	}
+	err = bunshin_graft(s, &req, remap);
+	bunshin_remap_put(remap);
+	return err;
 }
 
 static long bunshin_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
@@ -103,8 +126,18 @@ static long bunshin_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		return bunshin_ioctl_graft(s, uarg, false);
 	case BUNSHIN_IOC_GRAFT_THREAD:
 		return bunshin_ioctl_graft(s, uarg, true);
+	case BUNSHIN_IOC_RELEASE:
+		return arg ? -EINVAL : bunshin_session_release(s);
 	}
 	return -ENOTTY;
+}
+
+static __poll_t bunshin_poll(struct file *file, struct poll_table_struct *pt)
+{
+	struct bunshin_session *s = file->private_data;
+
+	poll_wait(file, &s->wq, pt);
+	return bunshin_session_poll(s);
 }
 
 static const struct file_operations bunshin_fops = {
@@ -112,6 +145,7 @@ static const struct file_operations bunshin_fops = {
 	.open = bunshin_open,
 	.release = bunshin_release,
 	.unlocked_ioctl = bunshin_ioctl,
+	.poll = bunshin_poll,
 	.llseek = noop_llseek,
 };
 

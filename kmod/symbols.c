@@ -48,6 +48,8 @@ static const struct bunshin_sym bunshin_sym_table[] = {
 #ifdef CONFIG_TIME_NS
 	BUNSHIN_SYM(vdso_join_timens, "vdso_join_timens"),
 #endif
+	BUNSHIN_SYM(vma_interval_tree_insert, "vma_interval_tree_insert"),
+	BUNSHIN_SYM(vma_interval_tree_remove, "vma_interval_tree_remove"),
 #ifdef BUNSHIN_TEST_MISSING_SYMBOL
 	/* kmod/vmtest builds a second module with a symbol no kernel has, to see it refused */
 	BUNSHIN_SYM(switch_mm, BUNSHIN_TEST_MISSING_SYMBOL),

@@ -80,8 +80,16 @@ def test_a_guest_that_never_started_the_selftests_fails():
 
 def test_every_selftest_source_is_one_the_harness_runs():
     names = vmtest.selftest_names()
-    assert set(names) == {"graft_api", "graft_faults", "graft_memory", "graft_namespaces", "graft_restart",
-                          "graft_threads"}
+    assert set(names) == {"graft_api", "graft_faults", "graft_hold", "graft_memory", "graft_namespaces",
+                          "graft_remap", "graft_restart", "graft_threads"}
+    # and every tree-fork workload, one TAP line each
+    assert set(vmtest.TREEFORK_WORKLOADS) == set(_workloads())
+
+
+def _workloads() -> list[str]:
+    text = (VMTEST.parent / "treefork" / "workloads.py").read_text()
+    block = text[text.index("WORKLOADS: dict"):]
+    return re.findall(r'"(\w+)": workload_', block)
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the VM harness installs Debian packages as root")
@@ -94,12 +102,13 @@ def test_the_harness_fails_when_a_selftest_in_the_vm_fails_skips_or_crashes():
                            str(FIXTURES / "graft_fails.c"), str(FIXTURES / "graft_skips.c"),
                            str(FIXTURES / "graft_crashes.c")], capture_output=True, text=True, timeout=900)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "ok 1 selftests: bunshin: a kernel without a symbol it needs: the module refuses to load" in done.stdout
-    assert "ok 3 selftests: bunshin: graft_api" in done.stdout      # the real selftest ran and passed
-    assert "FAIL: not ok 4 selftests: bunshin: graft_fails" in done.stderr
+    assert "ok 1 selftests: bunshin: the host's userland runs in the guest" in done.stdout  # Python over 9p
+    assert "ok 2 selftests: bunshin: a kernel without a symbol it needs: the module refuses to load" in done.stdout
+    assert "ok 4 selftests: bunshin: graft_api" in done.stdout      # the real selftest ran and passed
+    assert "FAIL: not ok 5 selftests: bunshin: graft_fails" in done.stderr
     assert "FAIL: inside a selftest: not ok 2 this one fails on purpose" in done.stderr
-    assert "FAIL: skipped: 5 selftests: bunshin: graft_skips" in done.stderr
-    assert "FAIL: not ok 6 selftests: bunshin: graft_crashes" in done.stderr
+    assert "FAIL: skipped: 6 selftests: bunshin: graft_skips" in done.stderr
+    assert "FAIL: not ok 7 selftests: bunshin: graft_crashes" in done.stderr
     assert "module unloads" in done.stdout
 
 

@@ -1,6 +1,6 @@
 """Thin ctypes bindings for the Linux system calls the workspace runtime needs and Python's os module lacks.
 
-Owns: mount(2), umount2(2), pivot_root(2), unshare(2), setns(2), sethostname(2), prctl(2), glibc's mallopt(3)
+Owns: mount(2), umount2(2), pivot_root(2), unshare(2), setns(2), sethostname(2), prctl(2), kcmp(2), glibc's mallopt(3)
 and their flag constants. Every failure raises OSError with the errno and the call's arguments in the message.
 Must never: hold state, or decide policy; callers compose these calls.
 """
@@ -53,6 +53,8 @@ _libc.syscall.restype = ctypes.c_long
 _SYS_PIVOT_ROOT = 155  # x86-64
 _SYS_OPEN_TREE = 428
 _SYS_PIDFD_GETFD = 438
+_SYS_KCMP = 312
+KCMP_FILE = 0
 OPEN_TREE_CLONE = 1
 AT_RECURSIVE = 0x8000
 # None: the arguments are passed as they are, unchecked (the syscall number decides them); typeshed's stub of
@@ -126,3 +128,10 @@ def open_tree_clone(path: str) -> int:
     fd = _libc.syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(-100), _b(path),
                        ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC))
     return _check(fd, f"open_tree({path!r}, OPEN_TREE_CLONE|AT_RECURSIVE)")
+
+
+def same_open_file(pid1: int, fd1: int, pid2: int, fd2: int) -> bool:
+    """Whether descriptor ``fd1`` of ``pid1`` and ``fd2`` of ``pid2`` are one open file (kcmp ``KCMP_FILE``)."""
+    ret = _libc.syscall(ctypes.c_long(_SYS_KCMP), ctypes.c_int(pid1), ctypes.c_int(pid2), ctypes.c_int(KCMP_FILE),
+                        ctypes.c_ulong(fd1), ctypes.c_ulong(fd2))
+    return _check(ret, f"kcmp({pid1}, {pid2}, KCMP_FILE, {fd1}, {fd2})") == 0

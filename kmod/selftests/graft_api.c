@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdbool.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -20,19 +21,22 @@
 #include "graft_lib.h"
 #include "tap.h"
 
-static int graft_errno(uint32_t flags, int32_t source, uint32_t tid, uint32_t reserved0,
-		       uint64_t reserved1)
+/* the errno of one graft request (0: it succeeded), on a fresh file; @thread: as BUNSHIN_IOC_GRAFT_THREAD */
+static int request_errno(struct bunshin_graft req, bool thread)
 {
-	struct bunshin_graft req = { .flags = flags, .source = source, .tid = tid,
-				     .reserved0 = reserved0, .reserved = { 0, reserved1 } };
 	int fd = open_bunshin();
 	int ret;
 
 	if (fd < 0 || api(fd))
 		return -1000;
-	ret = ioctl(fd, BUNSHIN_IOC_GRAFT, &req) ? errno : 0;
+	ret = ioctl(fd, thread ? BUNSHIN_IOC_GRAFT_THREAD : BUNSHIN_IOC_GRAFT, &req) ? errno : 0;
 	close(fd);
 	return ret;
+}
+
+static int graft_errno(uint32_t flags, int32_t source, uint32_t tid)
+{
+	return request_errno((struct bunshin_graft){ .flags = flags, .source = source, .tid = tid }, false);
 }
 
 static void expect(int got, int want, const char *name)
@@ -51,7 +55,7 @@ int main(void)
 	int fd, pidfd, err, status, back;
 	pid_t gone;
 
-	tap_plan(19);
+	tap_plan(24);
 	if (access("/dev/bunshin", F_OK)) {
 		tap_skip("graft_api", "/dev/bunshin missing (module not loaded)");
 		tap_exit();
@@ -68,8 +72,9 @@ int main(void)
 	a.features = BUNSHIN_FEATURE_PIDFD;
 	err = ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0;
 	tap_result(!err && a.api == BUNSHIN_API &&
-		   a.features == (BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS) &&
-		   a.ioctls == 7, "API negotiates: version, every feature and the three ioctls");
+		   a.features == (BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS | BUNSHIN_FEATURE_CLOSE |
+				  BUNSHIN_FEATURE_REMAP | BUNSHIN_FEATURE_HOLD) &&
+		   a.ioctls == 15, "API negotiates: version, every feature and the four ioctls");
 	expect(ioctl(fd, BUNSHIN_IOC_API, &a) ? errno : 0, EINVAL, "a second API on one file: EINVAL");
 	expect(ioctl(fd, _IOW(BUNSHIN_IOC_MAGIC, 0x7f, struct bunshin_graft), &a) ? errno : 0,
 	       ENOTTY, "an unknown command: ENOTTY");
@@ -77,7 +82,7 @@ int main(void)
 
 	if (source_start(&src, 1 << 20, 0))
 		return KSFT_FAIL;
-	expect(graft_errno(0, src.pid, 0, 0, 0), EBUSY, "a running source: EBUSY");
+	expect(graft_errno(0, src.pid, 0), EBUSY, "a running source: EBUSY");
 	{
 		struct cmd v = { .op = 'V' };
 		char path[64];
@@ -87,7 +92,7 @@ int main(void)
 		if (write(src.cmd, &v, sizeof(v)) != sizeof(v))
 			return KSFT_FAIL;
 		usleep(200000);
-		expect(graft_errno(0, src.pid, 0, 0, 0), EBUSY, "a vfork parent waiting for its child: EBUSY");
+		expect(graft_errno(0, src.pid, 0), EBUSY, "a vfork parent waiting for its child: EBUSY");
 		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", src.pid, src.pid);
 		child = file_long(path, NULL);
 		if (child > 0)
@@ -96,13 +101,28 @@ int main(void)
 			return KSFT_FAIL;
 	}
 	source_stop(&src, STOP_SIGSTOP);
-	expect(graft_errno(1U << 7, src.pid, 0, 0, 0), EINVAL, "an unknown flag: EINVAL");
-	expect(graft_errno(0, src.pid, 0, 1, 0), EINVAL, "a non-zero reserved0: EINVAL");
-	expect(graft_errno(0, src.pid, 0, 0, 1), EINVAL, "a non-zero reserved[1]: EINVAL");
-	expect(graft_errno(0, 0x3ffffff0, 0, 0, 0), ESRCH, "a pid nobody has: ESRCH");
-	expect(graft_errno(0, -4, 0, 0, 0), EINVAL, "a negative pid: EINVAL");
-	expect(graft_errno(0, src.pid, 0x3ffffff0, 0, 0), ESRCH, "a tid not in the source: ESRCH");
-	expect(graft_errno(0, getpid(), 0, 0, 0), EINVAL, "the caller itself: EINVAL");
+	expect(graft_errno(1U << 7, src.pid, 0), EINVAL, "an unknown flag: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .source = src.pid, .reserved = 1 }, false), EINVAL,
+	       "a non-zero reserved field: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .source = src.pid, .close_from = 3 }, false), EINVAL,
+	       "close_from without BUNSHIN_GRAFT_CLOSE: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .source = src.pid, .nr_remap = 1 }, false), EINVAL,
+	       "remap entries without BUNSHIN_GRAFT_REMAP: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .flags = BUNSHIN_GRAFT_REMAP, .source = src.pid }, false),
+	       EINVAL, "BUNSHIN_GRAFT_REMAP with no entry: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .flags = BUNSHIN_GRAFT_REMAP, .source = src.pid,
+						     .remap = 8, .nr_remap = BUNSHIN_REMAP_MAX + 1 }, false),
+	       EINVAL, "more than BUNSHIN_REMAP_MAX remap entries: EINVAL");
+	expect(request_errno((struct bunshin_graft){ .flags = BUNSHIN_GRAFT_REMAP, .source = src.pid,
+						     .remap = 8, .nr_remap = 1 }, false),
+	       EFAULT, "remap entries at an unreadable address: EFAULT");
+	expect(request_errno((struct bunshin_graft){ .flags = BUNSHIN_GRAFT_CLOSE, .source = src.pid,
+						     .close_from = 100 }, true),
+	       EINVAL, "BUNSHIN_GRAFT_CLOSE on a parked thread: EINVAL");
+	expect(graft_errno(0, 0x3ffffff0, 0), ESRCH, "a pid nobody has: ESRCH");
+	expect(graft_errno(0, -4, 0), EINVAL, "a negative pid: EINVAL");
+	expect(graft_errno(0, src.pid, 0x3ffffff0), ESRCH, "a tid not in the source: ESRCH");
+	expect(graft_errno(0, getpid(), 0), EINVAL, "the caller itself: EINVAL");
 
 	/* a pidfd whose process has exited and been reaped */
 	gone = fork();
@@ -110,7 +130,7 @@ int main(void)
 		_exit(0);
 	pidfd = syscall(SYS_pidfd_open, gone, 0);
 	waitpid(gone, &status, 0);
-	expect(graft_errno(BUNSHIN_GRAFT_PIDFD, pidfd, 0, 0, 0), ESRCH, "a vanished source: ESRCH");
+	expect(graft_errno(BUNSHIN_GRAFT_PIDFD, pidfd, 0), ESRCH, "a vanished source: ESRCH");
 	close(pidfd);
 
 	/* one thread of a multi-threaded graft names a tid the source lacks: the graft fails */

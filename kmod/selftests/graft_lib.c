@@ -34,6 +34,8 @@
 
 static uint8_t *region;
 static size_t region_size;
+static uint8_t *shm;
+size_t source_shm_size;
 static struct shared *sh;
 static void *robust_seen;
 static stack_t alt_seen;
@@ -213,6 +215,27 @@ static void source_serve(void)
 			r.v[0] = child;
 			break;
 		}
+		case 'M':
+			r.v[0] = (int64_t)(uintptr_t)shm;
+			r.v[1] = SHM_FD;
+			r.v[2] = source_shm_size;
+			break;
+		case 'r':
+			r.v[0] = shm ? shm[c.a % source_shm_size] : -1;
+			break;
+		case 'w':
+			if (shm)
+				shm[c.a % source_shm_size] = c.b;
+			break;
+		case 'p': {
+			/* a private mapping of the memfd, written: it holds a page of its own */
+			uint8_t *priv = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, SHM_FD, 0);
+
+			r.v[0] = priv == MAP_FAILED ? -errno : 0;
+			if (priv != MAP_FAILED)
+				priv[0] ^= 1;
+			break;
+		}
 		case 'Q':
 			_exit(0);
 		}
@@ -241,6 +264,18 @@ static void source_main(size_t size, int threads)
 	madvise(region, size, MADV_NOHUGEPAGE);
 	for (i = 0; i < size; i += 8)
 		*(uint64_t *)(region + i) = i * 2654435761ULL + 1;
+	if (source_shm_size) {
+		int fd = memfd_create("bunshin-shm", 0);
+
+		if (fd < 0 || dup2(fd, SHM_FD) < 0 || ftruncate(SHM_FD, source_shm_size))
+			_exit(2);
+		close(fd);
+		shm = mmap(NULL, source_shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, SHM_FD, 0);
+		if (shm == MAP_FAILED)
+			_exit(2);
+		for (i = 0; i < source_shm_size; i++)
+			shm[i] = (uint8_t)(i * 7 + 3);
+	}
 
 	sigaction(SIGUSR1, &sa, NULL);
 	sigemptyset(&usr2);
@@ -487,9 +522,24 @@ static void helper_fail(int err)
 	_exit(3);
 }
 
+/* @fd moved to the lowest free number >= @min (unchanged if it is there already) */
+static int move_up(int fd, unsigned int min)
+{
+	int moved;
+
+	if (fd >= (int)min)
+		return fd;
+	moved = fcntl(fd, F_DUPFD_CLOEXEC, min);
+	if (moved < 0)
+		helper_fail(errno);
+	close(fd);
+	return moved;
+}
+
 static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 {
 	struct bunshin_graft req = { .flags = BUNSHIN_GRAFT_PIDFD, .source = pidfd };
+	struct bunshin_remap remap;
 	uint32_t tids[16];
 	int fd, i, n;
 
@@ -500,15 +550,36 @@ static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 		if (write_file(path, "0"))
 			helper_fail(errno);
 	}
-	fd = open("/dev/bunshin", O_RDWR | O_CLOEXEC);
+	fd = o->session > 0 ? o->session : open("/dev/bunshin", O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		helper_fail(errno);
+	if (o->hold)
+		req.flags |= BUNSHIN_GRAFT_HOLD;
 	if (o->flags & HELPER_UNPRIVILEGED) {
 		if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
 			helper_fail(errno);
 	}
-	if (api(fd))
+	/* a session handed over was negotiated by whoever opened it */
+	if (o->session <= 0 && api(fd))
 		helper_fail(errno);
+	if (o->remap_to > 0) {
+		remap.from = o->remap_from;
+		remap.to = o->remap_to;
+		req.flags |= BUNSHIN_GRAFT_REMAP;
+		req.remap = (uint64_t)(uintptr_t)&remap;
+		req.nr_remap = 1;
+	}
+	if (o->close_from) {
+		/* the helper's own descriptors, above the ones the clone keeps */
+		req.flags |= BUNSHIN_GRAFT_CLOSE;
+		req.close_from = o->close_from;
+		fd = move_up(fd, o->close_from);
+		req.source = move_up(req.source, o->close_from);
+		if (o->remap_to > 0) {
+			remap.from = move_up(remap.from, o->close_from);
+			remap.to = move_up(remap.to, o->close_from);
+		}
+	}
 	if (o->flags & (HELPER_THREADS | HELPER_BAD_THREAD)) {
 		n = other_threads(src_pid, tids, 15);
 		if (o->flags & HELPER_BAD_THREAD)
@@ -517,8 +588,9 @@ static void helper_main(int pidfd, pid_t src_pid, const struct graft_opts *o)
 			struct thread_arg *t = &helper_threads[i];
 
 			t->fd = fd;
-			t->req = req;
-			t->req.tid = tids[i];
+			/* a parked thread names only its source thread */
+			t->req = (struct bunshin_graft){ .flags = BUNSHIN_GRAFT_PIDFD, .source = req.source,
+							 .tid = tids[i] };
 			if (pthread_create(&t->thread, NULL, graft_thread, t))
 				helper_fail(errno);
 			helper_nthreads++;
@@ -572,9 +644,20 @@ int graft_wait_threads(struct proc *clone, int *threads_back)
 	struct pollfd pfd = { .fd = clone->out, .events = POLLIN };
 	struct cmd c = { .op = 'P' };
 	struct reply r;
+	void (*was)(int);
+	ssize_t n;
+	int err;
 
-	/* one reply comes: the failed helper's 'E', or the clone's answer to the ping */
-	if (write(clone->cmd, &c, sizeof(c)) != sizeof(c))
+	/*
+	 * One reply comes: the failed helper's 'E', or the clone's answer to the ping. A failed helper writes its 'E'
+	 * and exits, so on a busy machine the ping may find the command pipe without a reader: that write's EPIPE
+	 * (SIGPIPE ignored for it, not fatal) still leaves the 'E' to read.
+	 */
+	was = signal(SIGPIPE, SIG_IGN);
+	n = write(clone->cmd, &c, sizeof(c));
+	err = errno;
+	signal(SIGPIPE, was);
+	if (n != sizeof(c) && err != EPIPE)
 		return -EPIPE;
 	if (poll(&pfd, 1, 20000) != 1 || read(clone->out, &r, sizeof(r)) != sizeof(r))
 		return -ETIMEDOUT;
@@ -674,7 +757,8 @@ int open_bunshin(void)
 int api(int fd)
 {
 	struct bunshin_api a = { .api = BUNSHIN_API,
-				 .features = BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS };
+				 .features = BUNSHIN_FEATURE_PIDFD | BUNSHIN_FEATURE_THREADS |
+					     BUNSHIN_FEATURE_CLOSE | BUNSHIN_FEATURE_REMAP | BUNSHIN_FEATURE_HOLD };
 
 	return ioctl(fd, BUNSHIN_IOC_API, &a);
 }

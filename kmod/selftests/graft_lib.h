@@ -53,6 +53,12 @@ enum stop_kind {
 
 /* the uid the next source runs as (0: root), made dumpable again after setuid() */
 extern uid_t source_uid;
+/*
+ * if non-zero, the next source also maps a memfd named "bunshin-shm" of this
+ * size MAP_SHARED (commands 'M', 'r', 'w', 'p'); its descriptor is SHM_FD
+ */
+extern size_t source_shm_size;
+#define SHM_FD	12
 /* if set (a MAP_SHARED word), the helper stores now_ns() there just before its GRAFT */
 extern volatile uint64_t *graft_clock;
 
@@ -75,6 +81,11 @@ struct graft_opts {
 	int flags;
 	const char *cgroup;		/* cgroup v2 directory to join, or NULL */
 	char preload;			/* a command queued for the clone before the helper starts */
+	int remap_from, remap_to;	/* if remap_to > 0: one BUNSHIN_GRAFT_REMAP entry (fds here) */
+	unsigned int close_from;	/* if non-zero: BUNSHIN_GRAFT_CLOSE from this fd up */
+	int session;			/* if > 0: the helper grafts on this open /dev/bunshin (the caller
+					 * keeps it: poll(), BUNSHIN_IOC_RELEASE) instead of its own */
+	int hold;			/* BUNSHIN_GRAFT_HOLD */
 };
 
 /* Start a helper that grafts @src into itself; the clone answers on @clone. */

@@ -1,0 +1,155 @@
+"""What the tree-fork builder (``kmod/treefork/builder.c``) is asked to build: the clone's processes, threads, open
+files and shared-memory copies, and its rendering as the builder's line format.
+
+Owns: the plan's types and ``render``. Reading a source into a plan is ``reader.py``'s; running the builder is
+``fork.py``'s.
+Must never: hold anything open: a plan is data (pids and paths), valid only while its source stays frozen.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class OpenFile(msgspec.Struct, frozen=True):
+    """One open file of the clone, shared by every descriptor (in any process) that names its ``oid``.
+
+    ``kind``: ``pipe`` (a pipe's read end; ``source`` is a source process and descriptor whose bytes in flight are
+    copied), ``pipe_w`` (the write end of pipe ``peer``), ``file`` (``path`` in the clone's root, opened with
+    ``flags``, at ``offset``), ``dir``, ``eventfd`` (``count``), ``memfd`` (a copy of the source's memfd, named
+    ``path``) or ``shm`` (a copy of a /dev/shm file at ``path`` in the clone's root, unlinked when ``count`` is 1),
+    copied from ``/proc/<source_pid>/<source_where>``, ``epoll`` (its interest list is ``Watch``es); sockets:
+    ``socketpair`` (a connected Unix pair of type ``count``, whose other end is the ``socketpair_b`` naming it as
+    ``peer``; each end's bytes in flight are copied from the source's descriptor ``source_where``), ``accepted``
+    (the same, but made by connecting to the clone's listener ``peer`` and accepting: it keeps the listener's
+    name, as an accepted connection does), ``unix_listen``
+    (type ``count``, listening at ``path``, "@name" for an abstract name), ``unix`` (unconnected, bound to ``path``
+    if any), ``tcp_listen`` (family ``peer``, address ``path``, port ``count``).
+    """
+
+    oid: int
+    kind: str
+    flags: int = 0  # file status flags (F_SETFL); open flags for a file
+    path: str = ""
+    offset: int = 0  # a file's or memfd's
+    count: int = 0
+    seals: int = 0
+    peer: int = -1
+    pipe_size: int = 0
+    source_pid: int = 0  # in the builder's pid namespace
+    source_where: str = ""  # "fd/N" or "map_files/START-END" under /proc/<source_pid>
+
+
+class Watch(msgspec.Struct, frozen=True):
+    """One entry of an epoll's interest list, added by the clone process ``pid`` with its own descriptor numbers
+    (epoll keys an entry by file and number: a clone's EPOLL_CTL_MOD or DEL names the number its source used)."""
+
+    pid: int
+    epoll_fd: int
+    target_fd: int
+    events: int
+    data: int
+
+
+class Descriptor(msgspec.Struct, frozen=True):
+    num: int
+    oid: int
+    cloexec: bool
+
+
+class Remap(msgspec.Struct, frozen=True):
+    """A mapping of shared memory the clone maps from its own copy (object ``oid``) instead of the source's file."""
+
+    source_pid: int
+    where: str  # START-END, as in /proc/<pid>/map_files
+    oid: int
+
+
+class ProcessPlan(msgspec.Struct):
+    pid: int  # in the source's pid namespace: the clone keeps it
+    host_pid: int  # the source's, as the builder sees it
+    ppid: int
+    sid: int
+    pgid: int
+    exit_signal: int
+    uid: int
+    gid: int
+    groups: list[int]
+    cwd: str
+    threads: list[int]  # the other threads' tids (the source's namespace), the main thread's is pid
+    descriptors: list[Descriptor]
+    remaps: list[Remap]
+    rlimits: dict[int, tuple[int, int]]
+    comm: str = ""
+    zombie: bool = False  # made, then exits at once with ``exit_code`` (a wait status) for its parent to reap
+    exit_code: int = 0
+
+
+class TreePlan(msgspec.Struct):
+    processes: list[ProcessPlan]  # parents before children; the first is the tree's pid 1
+    files: list[OpenFile]
+    watches: list[Watch]
+    hostname: str
+    root: str = ""  # the clone's root directory, as the builder sees it
+    cgroup: str = "-"
+    hold: bool = True
+
+    @property
+    def close_from(self) -> int:
+        """The first descriptor number no clone process uses: the builder's own descriptors go from there."""
+        return max([3] + [d.num + 1 for p in self.processes for d in p.descriptors])
+
+
+def render(plan: TreePlan) -> str:
+    """The plan in the builder's line format (see ``kmod/treefork/builder.c``)."""
+    out = [f"close_from {plan.close_from}", f"hold {int(plan.hold)}", f"hostname {plan.hostname}",
+           f"cgroup {plan.cgroup}"]
+    if plan.root:
+        out.append(f"root {plan.root}")
+    for f in plan.files:
+        if f.kind == "pipe":
+            fd = f.source_where.removeprefix("fd/") if f.source_where else "-1"
+            out.append(f"obj {f.oid} pipe {f.source_pid or -1} {fd} {f.pipe_size}")
+        elif f.kind == "pipe_w":
+            out.append(f"obj {f.oid} pipe_w {f.peer}")
+        elif f.kind == "file":
+            out.append(f"obj {f.oid} file {f.flags} {f.offset} {f.path}")
+        elif f.kind == "dir":
+            out.append(f"obj {f.oid} dir {f.flags} {f.offset} {f.path}")
+        elif f.kind == "eventfd":
+            out.append(f"obj {f.oid} eventfd {f.count} {f.flags}")
+        elif f.kind in ("memfd", "shm"):
+            out.append(f"obj {f.oid} {f.kind} {f.flags} {f.seals} {f.source_pid} {f.source_where} {f.count} "
+                       f"{f.offset} {f.path}")
+        elif f.kind == "epoll":
+            out.append(f"obj {f.oid} epoll")
+        elif f.kind == "socketpair":
+            out.append(f"obj {f.oid} socketpair {f.count} {f.source_pid} {f.source_where.removeprefix('fd/')}")
+        elif f.kind == "accepted":
+            out.append(f"obj {f.oid} accepted {f.peer} {f.source_pid} {f.source_where.removeprefix('fd/')}")
+        elif f.kind == "socketpair_b":
+            out.append(f"obj {f.oid} socketpair_b {f.peer} {f.source_pid} {f.source_where.removeprefix('fd/')}")
+        elif f.kind in ("unix_listen", "unix"):
+            out.append(f"obj {f.oid} {f.kind} {f.count} {f.path or '-'}")
+        elif f.kind == "tcp_listen":
+            out.append(f"obj {f.oid} tcp_listen {f.peer} {f.count} {f.path}")
+        else:
+            raise ValueError(f"unknown open-file kind {f.kind!r}")
+        if f.kind not in ("file", "dir") and f.flags:
+            out.append(f"flags {f.oid} {f.flags}")
+    for p in plan.processes:
+        out.append(f"proc {p.pid} {p.host_pid} {p.ppid} {p.sid} {p.pgid} {p.exit_signal} {p.uid} {p.gid}")
+        if p.groups:
+            out.append(f"groups {p.pid} " + " ".join(map(str, p.groups)))
+        if p.zombie:
+            out.append(f"zombie {p.pid} {p.exit_code} {p.comm}")
+    for p in plan.processes:
+        out.append(f"cwd {p.pid} {p.cwd}")
+        out += [f"thread {p.pid} {tid}" for tid in p.threads]
+        out += [f"fd {p.pid} {d.num} {d.oid} {int(d.cloexec)}" for d in p.descriptors]
+        out += [f"remap {p.pid} {r.source_pid} {r.where} {r.oid}" for r in p.remaps]
+        out += [f"watch {w.pid} {w.epoll_fd} {w.target_fd} {w.events} {w.data}" for w in plan.watches
+                if w.pid == p.pid]
+        out += [f"rlimit {p.pid} {res} {cur} {mx}" for res, (cur, mx) in sorted(p.rlimits.items())]
+    out.append("end")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,446 @@
+"""Reading a frozen process tree from /proc into a ``TreePlan``: its processes (pids, parents, sessions, process
+groups, credentials, cwd, rlimits, exit signals; zombies), threads, open files (which descriptors, in which processes,
+are one open file: ``kcmp``), pipes and their bytes in flight, eventfds, epolls and their interest lists, Unix sockets
+(``sockets.py``) and TCP listeners, shared memory (memfd, /dev/shm) and the mappings of it the clone must take from
+its own copy.
+
+Owns: ``read_tree`` and the refusals: anything the builder cannot reproduce faithfully raises ``TreeForkRefused``
+naming the process, the descriptor or mapping and what it is. Never a silently different clone.
+Must never: write to the source, or read it while it runs (the caller froze it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import resource
+import socket
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import syscalls
+from ..syscalls import same_open_file
+from .errors import TreeForkRefused
+from .plan import Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
+from .procfs import MAPS, inside, last, status, walk
+from .sockets import ESTABLISHED, LISTEN, unix_sockets
+
+RLIM_INFINITY = (1 << 64) - 1
+# the character devices a clone reopens (in its own /dev), by device number: they hold no state
+STATELESS_DEVICES = {(1, 3): "/dev/null", (1, 5): "/dev/zero", (1, 7): "/dev/full", (1, 8): "/dev/random",
+                     (1, 9): "/dev/urandom"}
+STATUS_FLAGS = os.O_APPEND | os.O_NONBLOCK | os.O_DIRECT | os.O_NOATIME | 0o20000  # O_ASYNC
+UNSUPPORTED_ANON = {"[timerfd]": "a timerfd", "[signalfd]": "a signalfd", "inotify": "an inotify instance",
+                    "[io_uring]": "an io_uring", "[fanotify]": "a fanotify group", "[pidfd]": "a pidfd",
+                    "[userfaultfd]": "a userfaultfd", "bpf-map": "a BPF map", "bpf-prog": "a BPF program",
+                    "[perf_event]": "a perf event"}
+
+
+@dataclass
+class _Fd:
+    """One descriptor of one source process, as /proc shows it."""
+
+    host_pid: int
+    pid: int
+    num: int
+    link: str
+    flags: int
+    pos: int
+    info: str
+    oid: int = -1
+
+    @property
+    def culprit(self) -> str:
+        return f"pid {self.pid} fd {self.num} ({self.link})"
+
+
+@dataclass
+class _Reading:
+    root: str  # the source's root directory, as we see it ("" when it is ours)
+    files: list[OpenFile] = field(default_factory=list)
+    watches: list[Watch] = field(default_factory=list)
+    by_inode: dict[tuple[int, int], int] = field(default_factory=dict)  # shared memory copies, by (dev, inode)
+
+    def add(self, **kwargs: object) -> int:
+        oid = len(self.files)
+        self.files.append(OpenFile(oid=oid, **kwargs))  # type: ignore[arg-type]
+        return oid
+
+
+def _fdinfo(host_pid: int, num: int) -> tuple[int, int, str]:
+    text = Path(f"/proc/{host_pid}/fdinfo/{num}").read_text()
+    pos = int(re.search(r"^pos:\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+    flags = int(re.search(r"^flags:\s+([0-7]+)", text, re.M).group(1), 8)  # type: ignore[union-attr]
+    return pos, flags, text
+
+
+def _read_fds(host_pid: int, pid: int) -> list[_Fd]:
+    out = []
+    base = f"/proc/{host_pid}/fd"
+    for name in sorted(os.listdir(base), key=int):
+        num = int(name)
+        try:
+            link = os.readlink(f"{base}/{num}")
+            pos, flags, info = _fdinfo(host_pid, num)
+        except FileNotFoundError:
+            continue
+        out.append(_Fd(host_pid, pid, num, link, flags, pos, info))
+    return out
+
+
+def _group_open_files(fds: list[_Fd]) -> list[list[_Fd]]:
+    """Descriptors grouped by open file (kcmp), compared only among those that could be one (same target)."""
+    groups: list[list[_Fd]] = []
+    by_link: dict[str, list[list[_Fd]]] = {}
+    for fd in fds:
+        for group in by_link.setdefault(fd.link, []):
+            head = group[0]
+            if same_open_file(head.host_pid, head.num, fd.host_pid, fd.num):
+                group.append(fd)
+                break
+        else:
+            by_link[fd.link].append([fd])
+            groups.append(by_link[fd.link][-1])
+    return groups
+
+
+def _pipe_objects(reading: _Reading, groups: list[list[_Fd]]) -> None:
+    """Pipes: one new pipe per source pipe, its bytes in flight copied from the source's read end."""
+    pipes: dict[str, dict[str, list[_Fd]]] = {}
+    for group in groups:
+        head = group[0]
+        if head.link.startswith("pipe:"):
+            end = "r" if head.flags & os.O_ACCMODE == os.O_RDONLY else "w"
+            ends = pipes.setdefault(head.link, {})
+            if end in ends:
+                raise TreeForkRefused(head.culprit, "a pipe end opened twice (two open files of one end)")
+            ends[end] = group
+    for ends in pipes.values():
+        if set(ends) != {"r", "w"}:
+            some = next(iter(ends.values()))[0]
+            missing = "read" if "r" not in ends else "write"
+            raise TreeForkRefused(some.culprit, f"the pipe's {missing} end is outside the tree")
+        reader = ends["r"][0]
+        rid = reading.add(kind="pipe", flags=reader.flags & STATUS_FLAGS, pipe_size=_pipe_size(reader),
+                          source_pid=reader.host_pid, source_where=f"fd/{reader.num}")
+        for fd in ends["r"]:
+            fd.oid = rid
+        wid = reading.add(kind="pipe_w", flags=ends["w"][0].flags & STATUS_FLAGS, peer=rid)
+        for fd in ends["w"]:
+            fd.oid = wid
+
+
+def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: int) -> None:
+    """Unix sockets: a connected pair inside the tree becomes a new socket pair (a stream's bytes in flight copied
+    into it, each way), a listener listens again at its name, an unconnected socket is made again (bound if it
+    was). A TCP listener listens again at its address (in the clone's own network namespace). Anything else that
+    crosses the tree's boundary is refused."""
+    socket_groups = {int(g[0].link[8:-1]): g for g in groups if g[0].link.startswith("socket:[")}
+    if not socket_groups:
+        return
+    diag = unix_sockets(init_host_pid)
+    # listeners first, then named ends of connections (accepted ones), then the rest
+    order = sorted(socket_groups, key=lambda i: (0 if i in diag and diag[i].state == LISTEN else
+                                                 1 if i in diag and diag[i].name else 2))
+    for inode in order:
+        group = socket_groups[inode]
+        head = group[0]
+        if group[0].oid >= 0:
+            continue
+        unix = diag.get(inode)
+        if unix is None:
+            _inet_object(reading, group)
+            continue
+        if unix.state == LISTEN:
+            if unix.pending:
+                raise TreeForkRefused(head.culprit, f"a listener with {len(unix.pending)} connections not yet "
+                                                    "accepted")
+            oid = reading.add(kind="unix_listen", path=unix.name, count=unix.type,
+                              flags=head.flags & STATUS_FLAGS)
+        elif unix.peer:
+            peer = socket_groups.get(unix.peer)
+            if peer is None:
+                raise TreeForkRefused(head.culprit, f"a {unix.kind} socket connected outside the tree")
+            if unix.type != socket.SOCK_STREAM and (unix.queued or diag[unix.peer].queued):
+                raise TreeForkRefused(head.culprit, f"a {unix.kind} socket pair with messages in flight")
+            other = diag[unix.peer]
+            if not unix.name and other.name:  # the accepted end first (the other end's peer)
+                continue
+            listener = next((g for i, g in socket_groups.items() if diag.get(i) is not None and
+                             diag[i].state == LISTEN and unix.name and diag[i].name == unix.name), None)
+            if listener is not None:
+                # accepted from a listener of the tree: accepted again from the clone's, so it keeps its name
+                if listener[0].oid < 0:
+                    oid = reading.add(kind="unix_listen", path=unix.name, count=unix.type,
+                                      flags=listener[0].flags & STATUS_FLAGS)
+                    for fd in listener:
+                        fd.oid = oid
+                oid = reading.add(kind="accepted", peer=listener[0].oid, flags=head.flags & STATUS_FLAGS,
+                                  source_pid=head.host_pid, source_where=f"fd/{head.num}")
+            else:
+                oid = reading.add(kind="socketpair", count=unix.type, flags=head.flags & STATUS_FLAGS,
+                                  source_pid=head.host_pid, source_where=f"fd/{head.num}")
+            peer_oid = reading.add(kind="socketpair_b", peer=oid, flags=peer[0].flags & STATUS_FLAGS,
+                                   source_pid=peer[0].host_pid, source_where=f"fd/{peer[0].num}")
+            for fd in peer:
+                fd.oid = peer_oid
+        elif unix.state == ESTABLISHED:
+            raise TreeForkRefused(head.culprit, "a connection not yet accepted by its listener")
+        else:
+            oid = reading.add(kind="unix", path=unix.name, count=unix.type, flags=head.flags & STATUS_FLAGS)
+        for fd in group:
+            fd.oid = oid
+
+
+def _inet_object(reading: _Reading, group: list[_Fd]) -> None:
+    """A TCP listener (its address, again in the clone's network namespace); any other socket is refused."""
+    head = group[0]
+    pidfd = os.pidfd_open(head.host_pid)
+    try:
+        dup = syscalls.pidfd_getfd(pidfd, head.num)
+    finally:
+        os.close(pidfd)
+    with socket.socket(fileno=dup) as sock:
+        family, stype = sock.family, sock.type
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        address = sock.getsockname() if family in (socket.AF_INET, socket.AF_INET6) else None
+    if family in (socket.AF_INET, socket.AF_INET6) and stype == socket.SOCK_STREAM and listening and address:
+        oid = reading.add(kind="tcp_listen", path=address[0], count=address[1], peer=int(family),
+                          flags=head.flags & STATUS_FLAGS)
+        for fd in group:
+            fd.oid = oid
+        return
+    what = {socket.AF_INET: "an IPv4", socket.AF_INET6: "an IPv6", socket.AF_NETLINK: "a netlink"}.get(family,
+                                                                                                     "a")
+    raise TreeForkRefused(head.culprit, f"{what} socket other than a TCP listener (not reproduced)")
+
+
+def _pipe_size(fd: _Fd) -> int:
+    opened = os.open(f"/proc/{fd.host_pid}/fd/{fd.num}", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return fcntl.fcntl(opened, 1032)  # F_GETPIPE_SZ
+    finally:
+        os.close(opened)
+
+
+def _shared_memory_oid(reading: _Reading, key: tuple[int, int], kind: str, path: str, source_pid: int,
+                       where: str, seals: int = 0, offset: int = 0) -> int:
+    """The copy of one shared-memory file (by device and inode), made once for every descriptor and mapping of it:
+    a memfd named as the source's (``path``: its name), or a file at ``path`` in the clone's /dev/shm."""
+    if key not in reading.by_inode:
+        unlinked = path.endswith(" (deleted)")
+        reading.by_inode[key] = reading.add(kind=kind, path=path.removesuffix(" (deleted)"), seals=seals,
+                                            source_pid=source_pid, source_where=where, count=int(unlinked),
+                                            offset=offset)
+    return reading.by_inode[key]
+
+
+def _file_object(reading: _Reading, group: list[_Fd]) -> int:
+    head = group[0]
+    link = head.link
+    if link.startswith("anon_inode:"):
+        what = link.removeprefix("anon_inode:")
+        if what == "[eventfd]":
+            count = int(re.search(r"^eventfd-count:\s+([0-9a-f]+)", head.info, re.M).group(1), 16)  # type: ignore[union-attr]
+            return reading.add(kind="eventfd", count=count, flags=head.flags & STATUS_FLAGS)
+        if what == "[eventpoll]":
+            return reading.add(kind="epoll", flags=head.flags & STATUS_FLAGS)
+        raise TreeForkRefused(head.culprit, UNSUPPORTED_ANON.get(what, f"an unknown kind of file ({what})"))
+    proc_path = f"/proc/{head.host_pid}/fd/{head.num}"
+    st = os.stat(proc_path)
+    if link.startswith("/memfd:"):
+        name = link.removeprefix("/memfd:").removesuffix(" (deleted)")  # a memfd is always "deleted"
+        fd = os.open(proc_path, os.O_RDONLY)
+        try:
+            seals = _seals(fd)
+        finally:
+            os.close(fd)
+        return _shared_memory_oid(reading, (st.st_dev, st.st_ino), "memfd", name, head.host_pid,
+                                  f"fd/{head.num}", seals, head.pos)
+    device = STATELESS_DEVICES.get((os.major(st.st_rdev), os.minor(st.st_rdev))) if stat.S_ISCHR(st.st_mode) \
+        else None
+    if device is not None:  # wherever it was opened (a launcher's /dev/null is outside the tree's root)
+        return reading.add(kind="file", path=device, flags=head.flags & ~os.O_CLOEXEC)
+    path = inside(link, reading.root, head.culprit)
+    if path.startswith("/dev/shm/") and stat.S_ISREG(st.st_mode):
+        return _shared_memory_oid(reading, (st.st_dev, st.st_ino), "shm", path, head.host_pid, f"fd/{head.num}",
+                                  offset=head.pos)
+    if link.endswith(" (deleted)"):
+        raise TreeForkRefused(head.culprit, "a deleted file")
+    if stat.S_ISREG(st.st_mode):
+        return reading.add(kind="file", path=path, flags=head.flags & ~os.O_CLOEXEC, offset=head.pos)
+    if stat.S_ISDIR(st.st_mode):
+        return reading.add(kind="dir", path=path, flags=head.flags & ~os.O_CLOEXEC, offset=head.pos)
+    kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else \
+        "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a file of an unknown type"
+    raise TreeForkRefused(head.culprit, f"{kind} (not reproduced)")
+
+
+def _seals(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, 1034)  # F_GET_SEALS
+    except OSError:
+        return 0
+
+
+def _epoll_watches(reading: _Reading, fds: list[_Fd]) -> None:
+    """Each epoll's interest list, added again by a process holding it, with the descriptor numbers it names (the
+    numbers the entries were added with: they must still name the same files there)."""
+    by_proc: dict[int, dict[int, _Fd]] = {}
+    for fd in fds:
+        by_proc.setdefault(fd.host_pid, {})[fd.num] = fd
+    done: set[int] = set()
+    for fd in fds:
+        if fd.link != "anon_inode:[eventpoll]" or fd.oid in done:
+            continue
+        done.add(fd.oid)
+        for m in re.finditer(r"^tfd:\s+(\d+)\s+events:\s+([0-9a-f]+)\s+data:\s+([0-9a-f]+)\s+pos:\s*\d+\s+ino:\s*([0-9a-f]+)",
+                             fd.info, re.M):
+            target = by_proc[fd.host_pid].get(int(m.group(1)))
+            if target is None or os.stat(f"/proc/{target.host_pid}/fd/{target.num}").st_ino != int(m.group(4), 16):
+                raise TreeForkRefused(fd.culprit, f"watches descriptor {m.group(1)}, which its process closed or "
+                                                  "reused")
+            reading.watches.append(Watch(pid=fd.pid, epoll_fd=fd.num, target_fd=target.num,
+                                         events=int(m.group(2), 16), data=int(m.group(3), 16)))
+
+
+def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
+    """The mappings of shared memory (memfd, /dev/shm) the clone takes from its own copy; SysV shared memory and
+    shared writable mappings of other files are refused."""
+    out = []
+    smaps = Path(f"/proc/{host_pid}/smaps").read_text()
+    anon_kb: dict[str, int] = {}
+    current = ""
+    for line in smaps.splitlines():
+        m = MAPS.match(line)
+        if m:
+            current = f"{m.group(1)}-{m.group(2)}"
+        elif line.startswith("Anonymous:"):
+            anon_kb[current] = int(line.split()[1])
+    for line in Path(f"/proc/{host_pid}/maps").read_text().splitlines():
+        m = MAPS.match(line)
+        if not m:
+            continue
+        start, end, perms, major, minor, inode, name = m.groups()
+        where = f"{start}-{end}"
+        culprit = f"pid {pid} mapping {where} ({name or 'anonymous'})"
+        shared = perms[3] == "s"
+        if name.startswith("/SYSV"):
+            raise TreeForkRefused(culprit, "SysV shared memory (not reproduced yet)")
+        memfd = name.startswith("/memfd:")
+        shm = name.startswith(f"{reading.root}/dev/shm/")
+        if (memfd or shm) and int(inode):
+            if anon_kb.get(where, 0):
+                raise TreeForkRefused(culprit, "a private mapping of shared memory holding pages of its own")
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+            if memfd:
+                oid = _shared_memory_oid(reading, key, "memfd", name.removeprefix("/memfd:").removesuffix(
+                    " (deleted)"), host_pid, f"map_files/{where}")
+            else:
+                oid = _shared_memory_oid(reading, key, "shm", inside(name, reading.root, culprit), host_pid,
+                                         f"map_files/{where}")
+            out.append(Remap(source_pid=host_pid, where=where, oid=oid))
+        elif shared and perms[1] == "w" and name and not name.startswith("["):
+            raise TreeForkRefused(culprit, "a shared writable mapping of a file (not reproduced yet)")
+    return out
+
+
+def _rlimits(host_pid: int) -> dict[int, tuple[int, int]]:
+    out = {}
+    for res in range(16):
+        cur, mx = resource.prlimit(host_pid, res)
+        out[res] = (RLIM_INFINITY if cur < 0 else cur, RLIM_INFINITY if mx < 0 else mx)
+    return out
+
+
+def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
+    """The plan of a clone of the frozen tree whose root is ``init_host_pid`` (pid 1 of its pid namespace)."""
+    root = os.readlink(f"/proc/{init_host_pid}/root")
+    reading = _Reading(root="" if root == "/" else root)
+    init_status = status(init_host_pid)
+    if last(init_status["NSpid"]) != 1:
+        raise TreeForkRefused(f"pid {init_host_pid}", "the tree's root is not pid 1 of its pid namespace")
+    processes: list[ProcessPlan] = []
+    ns_of: dict[int, int] = {}
+    fds: list[_Fd] = []
+    for host_pid in walk(init_host_pid):
+        st = init_status if host_pid == init_host_pid else status(host_pid)
+        pid = last(st["NSpid"])
+        ns_of[host_pid] = pid
+        culprit = f"pid {pid} ({st['Name']})"
+        uids, gids = st["Uid"].split(), st["Gid"].split()
+        stat_fields = Path(f"/proc/{host_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if st["State"].startswith(("Z", "X")):
+            # a zombie: made again, it exits at once with the same status, for its parent to reap
+            processes.append(ProcessPlan(
+                pid=pid, host_pid=host_pid, ppid=ns_of.get(int(st["PPid"]), 0), sid=last(st["NSsid"]),
+                pgid=last(st["NSpgid"]), exit_signal=int(stat_fields[35]), uid=int(uids[0]), gid=int(gids[0]),
+                groups=[], cwd="/", threads=[], descriptors=[], remaps=[], rlimits={}, comm=st["Name"],
+                zombie=True, exit_code=int(stat_fields[49])))
+            continue
+        if len(set(uids)) != 1 or len(set(gids)) != 1:
+            raise TreeForkRefused(culprit, f"real, effective and saved ids differ (uid {uids}, gid {gids})")
+        if os.readlink(f"/proc/{host_pid}/root") != root:
+            raise TreeForkRefused(culprit, "its root directory is not the tree's")
+        threads = []
+        for tid in sorted(map(int, os.listdir(f"/proc/{host_pid}/task"))):
+            if tid != host_pid:
+                threads.append(last(status(host_pid, tid)["NSpid"]))
+        ppid = int(st["PPid"])
+        cwd = inside(os.readlink(f"/proc/{host_pid}/cwd"), reading.root, culprit)
+        own = _read_fds(host_pid, pid)
+        fds += own
+        processes.append(ProcessPlan(
+            pid=pid, host_pid=host_pid, ppid=ns_of.get(ppid, 0), sid=last(st["NSsid"]),
+            pgid=last(st["NSpgid"]), exit_signal=int(stat_fields[35]), uid=int(uids[0]), gid=int(gids[0]),
+            groups=[int(g) for g in st["Groups"].split()], cwd=cwd, threads=threads, descriptors=[],
+            remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"]))
+    _check_sessions(processes)
+    groups = _group_open_files(fds)
+    _pipe_objects(reading, groups)
+    _socket_objects(reading, groups, init_host_pid)
+    for group in groups:
+        if group[0].oid < 0:
+            oid = _file_object(reading, group)
+            for fd in group:
+                fd.oid = oid
+    _epoll_watches(reading, fds)
+    by_pid = {p.host_pid: p for p in processes}
+    for fd in fds:
+        by_pid[fd.host_pid].descriptors.append(Descriptor(num=fd.num, oid=fd.oid,
+                                                          cloexec=bool(fd.flags & os.O_CLOEXEC)))
+    for p in processes:
+        if not p.zombie:
+            p.remaps = _remaps(reading, p.host_pid, p.pid)
+    return TreePlan(processes=processes, files=reading.files, watches=reading.watches,
+                    hostname=hostname or _hostname(init_host_pid))
+
+
+def _hostname(host_pid: int) -> str:
+    """The source's host name: ours when it shares our UTS namespace, else the caller must say."""
+    if os.stat(f"/proc/{host_pid}/ns/uts").st_ino == os.stat("/proc/self/ns/uts").st_ino:
+        return os.uname().nodename
+    raise ValueError(f"pid {host_pid} has a UTS namespace of its own: pass its hostname")
+
+
+def _check_sessions(processes: list[ProcessPlan]) -> None:
+    """Sessions and process groups the builder can make in tree order: a process is its session's leader or in its
+    parent's session; a process group's leader is built before its members, in the same session. A session or group
+    numbered 0 is led from outside the tree's pid namespace: the clone's is the builder's, inherited alike."""
+    built: dict[int, ProcessPlan] = {}
+    for p in processes:
+        parent = built.get(p.ppid)
+        culprit = f"pid {p.pid} ({p.comm})"
+        if p.sid != p.pid and parent is not None and parent.sid != p.sid:
+            raise TreeForkRefused(culprit, f"in session {p.sid}, neither its own nor its parent's ({parent.sid})")
+        if p.pgid == 0 and parent is not None and parent.pgid != 0:
+            raise TreeForkRefused(culprit, "in a process group led from outside the tree, its parent is not")
+        if p.pgid not in (0, p.pid):
+            leader = built.get(p.pgid)
+            if leader is None:
+                raise TreeForkRefused(culprit, f"in process group {p.pgid}, whose leader is not built before it")
+            if leader.sid != p.sid:
+                raise TreeForkRefused(culprit, "its process group is in another session")
+        built[p.pid] = p

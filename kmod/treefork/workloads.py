@@ -1,0 +1,597 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""The tree fork's workloads, run inside the VM (``kmod/vmtest`` calls this once per workload, through the host's
+userland at /host): each workload is started as a container of its own (pid, mount, UTS and IPC namespaces, a root
+of read-only binds of the host's /usr and /etc with a private /tmp and /dev/shm, a cgroup v2 group), frozen, read,
+forked through the module, compared with its clone by the oracle while both are frozen, then both run on and must
+diverge independently and keep working.
+
+    workloads.py threads --builder BIN --threads-bin BIN [--generations 64]
+
+Owns: making a workload's root and cgroup, starting it, the fork-compare-run cycle and its checks, and cleaning up
+(every mount, cgroup and process it made, on every path). Prints TAP diagnostics ("# ...") and exits 0 if every
+check held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bunshin.envs.runtime import syscalls as sys_
+from bunshin.envs.runtime.treefork.fork import TreeForkBuild
+from bunshin.envs.runtime.treefork.oracle import compare, describe, diverge, pagemap_frame
+from bunshin.envs.runtime.treefork.reader import read_tree
+
+CGROUP = Path("/sys/fs/cgroup")
+WORK = Path("/tmp/treefork")
+
+
+def say(msg: str) -> None:
+    print(f"# {msg}", flush=True)
+
+
+@dataclass
+class Container:
+    """A workload's root, cgroup and process tree (its pid 1 is ``init``)."""
+
+    name: str
+    root: Path
+    cgroup: Path
+    init: int = 0
+    build: TreeForkBuild | None = None  # for a clone: the builder, its init's parent
+    launcher: subprocess.Popen[bytes] | None = None
+    mounts: list[Path] = field(default_factory=list)
+    image: Path | None = None  # the root file system whose /usr and /etc it runs on (None: the host's)
+
+    def freeze(self, frozen: bool) -> None:
+        (self.cgroup / "cgroup.freeze").write_text("1" if frozen else "0")
+        deadline = time.monotonic() + 30
+        want = f"frozen {int(frozen)}"
+        while want not in (self.cgroup / "cgroup.events").read_text().splitlines():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.cgroup} did not reach '{want}'")
+            time.sleep(0.01)
+
+    def path(self, inside: str) -> Path:
+        return self.root / inside.lstrip("/")
+
+
+def make_root(base: Path, tmp_from: Path | None, image: Path | None = None) -> tuple[Path, list[Path]]:
+    """A container root: read-only binds of /usr and /etc (the host's, or those of the workspace image ``image``),
+    /dev, a private /tmp (a copy of ``tmp_from``: the clone's snapshot of its source's writable part) and
+    /dev/shm."""
+    root = base / "root"
+    root.mkdir(parents=True)
+    mounts = []
+    sys_.mount("root", str(root), "tmpfs", 0, "mode=0755")
+    mounts.append(root)
+    for link in ("bin", "sbin", "lib", "lib64"):
+        os.symlink(f"usr/{link}", root / link)
+    for d, ro in (("usr", True), ("etc", True), ("dev", False)):
+        (root / d).mkdir()
+        sys_.mount(f"{image or ''}/{d}", str(root / d), None, sys_.MS_BIND)
+        if ro:
+            sys_.mount(None, str(root / d), None, sys_.MS_REMOUNT | sys_.MS_BIND | sys_.MS_RDONLY)
+        mounts.append(root / d)
+    for d in ("proc", "tmp", "run", "sys"):
+        (root / d).mkdir()
+    sys_.mount("tmp", str(root / "tmp"), "tmpfs")
+    mounts.append(root / "tmp")
+    (root / "dev" / "shm").mkdir(exist_ok=True)
+    sys_.mount("shm", str(root / "dev" / "shm"), "tmpfs")
+    mounts.append(root / "dev" / "shm")
+    if tmp_from is not None:
+        # the snapshot of the source's writable part (its root's own files, /tmp); socket files are made again by
+        # the builder (bound anew)
+        def sockets(d: str, names: list[str]) -> list[str]:
+            return [n for n in names if stat.S_ISSOCK(os.lstat(f"{d}/{n}").st_mode)]
+
+        source_root = tmp_from.parent
+        for entry in source_root.iterdir():
+            if entry.name in ("usr", "etc", "dev", "proc", "sys", "tmp", "bin", "sbin", "lib", "lib64"):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.copytree(entry, root / entry.name, symlinks=True, dirs_exist_ok=True, ignore=sockets)
+            elif not (root / entry.name).exists():
+                shutil.copy2(entry, root / entry.name, follow_symlinks=False)
+        shutil.copytree(tmp_from, root / "tmp", symlinks=True, dirs_exist_ok=True, ignore=sockets)
+    return root, mounts
+
+
+def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None) -> Container:
+    """Start ``argv`` as pid 1 of a new container (on ``image``'s /usr and /etc, else the host's); ``files`` are
+    copied into its /tmp first."""
+    base = WORK / name
+    root, mounts = make_root(base, None, image)
+    for f in files:
+        shutil.copy(f, root / "tmp")
+    cgroup = CGROUP / f"treefork-{name}"
+    cgroup.mkdir()
+    script = (f"echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --uts --ipc "
+              f"--root={root} --wd=/tmp /bin/sh -c 'mount -t proc proc /proc && hostname {name} && "
+              "exec \"$@\" </dev/null >/dev/null 2>&1' "
+              f"{name} " + " ".join(f"'{a}'" for a in argv))
+    log = open(base / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
+    launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                close_fds=True, start_new_session=True)
+    log.close()
+    box = Container(name, root, cgroup, launcher=launcher, mounts=mounts, image=image)
+    deadline = time.monotonic() + 30
+    while not box.init:
+        if time.monotonic() > deadline or launcher.poll() is not None:
+            raise RuntimeError(f"{name} did not start: {(base / 'launcher.log').read_text()[-2000:]}")
+        kids = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        if kids:
+            box.init = int(kids[0])
+        time.sleep(0.05)
+    return box
+
+
+def fork(source: Container, name: str, builder: str, made: list[Container], fault: str = "",
+         fault_pid: int = 1) -> tuple[Container, float]:
+    """A tree fork of the frozen ``source``: returns the clone, frozen before its first instruction, and the
+    milliseconds from the builder's start to every clone grafted. The clone's container is in ``made`` from the
+    start (its root and cgroup are cleaned up with the others whatever happens)."""
+    base = WORK / name
+    root, mounts = make_root(base, source.path("/tmp"), source.image)
+    cgroup = CGROUP / f"treefork-{name}"
+    cgroup.mkdir()
+    clone = Container(name, root, cgroup, mounts=mounts, image=source.image)
+    made.append(clone)
+    plan = read_tree(source.init, hostname=source.name)
+    plan.root, plan.cgroup = str(root), str(cgroup)
+    clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid)
+    # frozen before it runs: the held clones trap into the freezer as they are released
+    (cgroup / "cgroup.freeze").write_text("1")
+    clone.build.release()
+    clone.freeze(True)
+    clone.init = clone.build.init_pid
+    return clone, clone.build.grafted_ms
+
+
+def end(box: Container) -> None:
+    """Kill the container's processes and remove its cgroup and mounts."""
+    with contextlib.suppress(OSError):
+        (box.cgroup / "cgroup.kill").write_text("1")
+    if box.build is not None:
+        box.build.kill()
+    if box.launcher is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(box.launcher.pid, signal.SIGKILL)
+        box.launcher.wait()
+    deadline = time.monotonic() + 10
+    while box.cgroup.exists():
+        try:
+            box.cgroup.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    for mount in reversed(box.mounts):
+        sys_.umount(str(mount), sys_.MNT_DETACH)
+    shutil.rmtree(WORK / box.name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def containers() -> Iterator[list[Container]]:
+    made: list[Container] = []
+    try:
+        yield made
+    finally:
+        for box in reversed(made):
+            end(box)
+
+
+def oracle(source: Container, clone: Container) -> list[str]:
+    started = time.monotonic()
+    problems = compare(describe(source.init), describe(clone.init))
+    failures, tried, shared = diverge(source.init, clone.init)
+    say(f"oracle: {len(problems)} differences; divergence: {tried} private pages written on each side, "
+        f"{shared} of them shared before the write, {len(failures)} seen across ({time.monotonic() - started:.1f} s)")
+    return problems + failures
+
+
+def threads_report(box: Container) -> dict[str, int]:
+    words = box.path("/tmp/threads.out").read_text().split()
+    return dict(zip(words[0::2], map(int, words[1::2]), strict=False))
+
+
+def check_threads_run(boxes: list[Container]) -> list[str]:
+    """Each container's threads keep working on their own: ticks and bytes advance, nothing bad."""
+    before = [threads_report(b) for b in boxes]
+    time.sleep(2)
+    after = [threads_report(b) for b in boxes]
+    out = []
+    for box, b, a in zip(boxes, before, after, strict=True):
+        say(f"{box.name}: {b} -> {a}")
+        if a["ticks"] <= b["ticks"] or a["bytes"] <= b["bytes"]:
+            out.append(f"{box.name}: its threads did not run on ({b} -> {a})")
+        if a["bad"]:
+            out.append(f"{box.name}: a thread found its state or the byte stream broken ({a})")
+    return out
+
+
+def workload_threads(args: argparse.Namespace) -> list[str]:
+    problems: list[str] = []
+    with containers() as made:
+        source = start("threads", ["/tmp/treefork-threads", "2", "/tmp/threads.out"], files=(args.threads_bin,))
+        made.append(source)
+        time.sleep(1)
+        if not source.path("/tmp/threads.out").exists():
+            return [f"the workload did not start: {(WORK / 'threads' / 'launcher.log').read_text()[-2000:]}"]
+        chain = [source]
+        for generation in range(1, args.generations + 1):
+            parent = chain[-1]
+            parent.freeze(True)
+            started = time.monotonic()
+            clone, ms = fork(parent, f"threads-{generation}", args.builder, made)
+            forked = time.monotonic() - started
+            chain.append(clone)
+            found = oracle(parent, clone)
+            problems += [f"generation {generation}: {p}" for p in found]
+            say(f"generation {generation}: grafted in {ms:.1f} ms (the fork with its root and cgroup: {forked:.2f} s)")
+            parent.freeze(False)
+            clone.freeze(False)
+            if found:
+                break
+            if parent is not source:  # the chain goes on from the clone; its parent has done its part
+                end(parent)
+                made.remove(parent)
+            time.sleep(0.2)
+        problems += check_threads_run([source, chain[-1]])
+    problems += fan_out(args)
+    return problems
+
+
+def _smaps_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def fan_out(args: argparse.Namespace, n: int = 4, heap_mib: int = 32) -> list[str]:
+    """N clones of one source with a heap of ``heap_mib`` MiB, run a second: each clone's memory of its own
+    (Private_Dirty) is what it wrote since, not a copy of the heap; every sampled page of the heap (which nobody
+    writes after the start) shares its frame with the source's."""
+    problems = []
+    with containers() as made:
+        source = start("fan", ["/tmp/treefork-threads", str(heap_mib), "/tmp/threads.out"], files=(args.threads_bin,))
+        made.append(source)
+        time.sleep(1)
+        source.freeze(True)
+        clones = []
+        for k in range(n):
+            clone, _ = fork(source, f"fan-{k}", args.builder, made)
+            clones.append(clone)
+        for box in [source, *clones]:  # they run a while: what they write is theirs
+            box.freeze(False)
+        time.sleep(1)
+        start_addr = threads_report(source)["heap"]
+        pages = range(0, heap_mib * 256, 64)
+        shared = sum(pagemap_frame(source.init, start_addr + i * 4096) == pagemap_frame(c.init, start_addr + i * 4096) != -1
+                     for c in clones for i in pages)
+        tried = len(clones) * len(pages)
+        own = [_smaps_kb(c.init, "Private_Dirty") for c in clones]
+        source_rss = _smaps_kb(source.init, "Rss")
+        say(f"fan-out: {n} clones of a {heap_mib} MiB heap: {shared}/{tried} sampled heap pages share the source's "
+            f"frame; each clone's Private_Dirty {own} kB (the source's Rss {source_rss} kB)")
+        if shared != tried:
+            problems.append(f"fan-out: {tried - shared} of {tried} sampled heap pages do not share the source's frame")
+        if max(own) > heap_mib * 1024 // 4:
+            problems.append(f"fan-out: a clone holds {max(own)} kB of its own for a {heap_mib} MiB heap")
+    return problems
+
+
+
+SHELL_SCRIPT = """
+sleep 1000 &
+echo $! > /tmp/job
+(while true; do echo tick; sleep 0.1; done) | cat >> /tmp/ticks &
+while [ ! -e /tmp/go ]; do sleep 0.05; done
+kill $(cat /tmp/job)
+wait $(cat /tmp/job)
+echo "reaped $?" > /tmp/result
+while true; do sleep 1; done
+"""
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def workload_shell(args: argparse.Namespace) -> list[str]:
+    """A shell (pid 1) with a background job and a background pipeline: in the clone, ``wait`` reaps the clone's
+    own job, the pipeline runs on into the clone's file, and the source's job lives on."""
+    problems: list[str] = []
+    with containers() as made:
+        source = start("shell", ["/bin/sh", "-c", SHELL_SCRIPT])
+        made.append(source)
+        time.sleep(1.5)
+        source.freeze(True)
+        clone, ms = fork(source, "shell-1", args.builder, made)
+        say(f"grafted in {ms:.1f} ms, {len(clone.build.plan.processes) if clone.build else 0} processes")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        ticks = [lines(source.path("/tmp/ticks")), lines(clone.path("/tmp/ticks"))]
+        clone.path("/tmp/go").write_text("")
+        deadline = time.monotonic() + 30
+        while not clone.path("/tmp/result").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = clone.path("/tmp/result").read_text().strip() if clone.path("/tmp/result").exists() else ""
+        say(f"clone: {result!r}; ticks source {ticks[0]} -> {lines(source.path('/tmp/ticks'))}, "
+            f"clone {ticks[1]} -> {lines(clone.path('/tmp/ticks'))}")
+        if result != "reaped 143":
+            problems.append(f"the clone's shell did not reap its own job after killing it: {result!r}")
+        if source.path("/tmp/result").exists():
+            problems.append("the source's shell saw the clone's /tmp/go")
+        job = source.path("/tmp/job").read_text().strip()
+        alive = any(_ns_pid(int(p)) == int(job) for p in _tree(source.init))
+        if not alive:
+            problems.append(f"the source's job (pid {job} in its namespace) is gone")
+        if lines(source.path("/tmp/ticks")) <= ticks[0] or lines(clone.path("/tmp/ticks")) <= ticks[1]:
+            problems.append("a background pipeline stopped")
+    return problems
+
+
+def sockets_report(box: Container) -> dict[str, int]:
+    path = box.path("/tmp/sockets.out")
+    words = path.read_text().split() if path.exists() else []
+    return dict(zip(words[0::2], map(int, words[1::2]), strict=False))
+
+
+def workload_sockets(args: argparse.Namespace) -> list[str]:
+    """A Python server with a socket pair to a child (counters in flight both ways), an accepted Unix connection
+    to another child, and listeners at a path, an abstract name and a TCP port: in the clone, every stream goes
+    on without a byte lost or repeated, and each listener accepts a fresh connection in the clone's own namespaces;
+    the source's do not see the clone's."""
+    problems: list[str] = []
+    with containers() as made:
+        source = start("sockets", ["/usr/bin/python3", "/tmp/sockets_app.py"], files=(args.sockets_app,))
+        made.append(source)
+        deadline = time.monotonic() + 60
+        while sockets_report(source).get("echoes", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        source.freeze(True)
+        clone, ms = fork(source, "sockets-1", args.builder, made)
+        say(f"grafted in {ms:.1f} ms, {len(clone.build.plan.processes) if clone.build else 0} processes, "
+            f"{sum(f.kind.startswith(('socket', 'unix', 'tcp')) for f in clone.build.plan.files) if clone.build else 0}"
+            " sockets")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        before = [sockets_report(source), sockets_report(clone)]
+        clone.path("/tmp/go").write_text("")
+        deadline = time.monotonic() + 30
+        while sockets_report(clone).get("fresh", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = [sockets_report(source), sockets_report(clone)]
+        say(f"source {before[0]} -> {after[0]}; clone {before[1]} -> {after[1]}")
+        for name, b, a in (("source", before[0], after[0]), ("clone", before[1], after[1])):
+            if a.get("pings", 0) <= b.get("pings", 0) or a.get("echoes", 0) <= b.get("echoes", 0):
+                problems.append(f"{name}: a stream stopped ({b} -> {a})")
+            if a.get("bad", 1):
+                problems.append(f"{name}: a counter arrived out of order ({a})")
+        if after[1].get("fresh") != 3:
+            problems.append(f"the clone's listeners did not all accept a fresh connection: {after[1]}")
+        if after[0].get("fresh"):
+            problems.append("the source saw the clone's /tmp/go")
+        alive = [_state(p) for p in _tree(clone.init)]
+        if len(alive) < 3 or "Z" in alive:
+            problems.append(f"a process of the clone died: {alive}")
+    return problems
+
+
+XDESKTOP_SCRIPT = """
+Xvfb :0 -screen 0 1280x800x24 -nolisten tcp &
+while [ ! -S /tmp/.X11-unix/X0 ]; do sleep 0.1; done
+export DISPLAY=:0
+openbox &
+stdbuf -oL xev -name bunshin-xev > /tmp/xev.out &
+while true; do sleep 1; done
+"""
+
+
+def in_container(box: Container, cmd: str) -> str:
+    """``cmd`` run by sh in the container's namespaces and root, with its display."""
+    try:
+        done = subprocess.run(["nsenter", "-t", str(box.init), "-m", "-n", "-p", "-i", "-u", "-r", "-w", "/bin/sh",
+                               "-c", f"export DISPLAY=:0; {cmd}"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as e:
+        return f"(timed out after 60 s) {e.stdout or ''}"
+    return done.stdout + done.stderr
+
+
+def windows(box: Container) -> str:
+    return in_container(box, "xwininfo -root -tree")
+
+
+def workload_xdesktop(args: argparse.Namespace) -> list[str]:
+    """Xvfb with openbox and an X client (xev), on the desktop workspace image: the clone's X server answers a new
+    client with the source's window tree, windows made in the clone are the clone's only, and the client in the
+    clone gets the events the clone's server sends it."""
+    from bunshin.envs.images.recipes import recipe
+    from bunshin.envs.images.store import ImageStore
+
+    image = ImageStore(Path(args.images) if args.images else None).require(recipe("desktop")).root
+    problems: list[str] = []
+    with containers() as made:
+        source = start("xdesktop", ["/bin/sh", "-c", XDESKTOP_SCRIPT], image=image)
+        made.append(source)
+        deadline = time.monotonic() + 90
+        while "bunshin-xev" not in windows(source) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        tree = windows(source)
+        if "bunshin-xev" not in tree:
+            return [f"the desktop did not start: {tree[-500:]}"]
+        source.freeze(True)
+        clone, ms = fork(source, "xdesktop-1", args.builder, made)
+        say(f"grafted in {ms:.1f} ms, {len(clone.build.plan.processes) if clone.build else 0} processes: "
+            f"{[p.comm for p in clone.build.plan.processes] if clone.build else []}")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        if windows(clone) != windows(source):
+            problems.append("the clone's window tree is not the source's")
+        seen_before = clone.path("/tmp/xev.out").read_text().count("KeyPress") if clone.path("/tmp/xev.out").exists() else 0
+        say(in_container(clone, "xdotool key --window $(xdotool search --name bunshin-xev | head -1) a b c; "
+                                "(xmessage -title bunshin-clone-only clone >/dev/null 2>&1 &); sleep 1")[-300:])
+        deadline = time.monotonic() + 30
+        while "bunshin-clone-only" not in windows(clone) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
+        keys = clone.path("/tmp/xev.out").read_text().count("KeyPress") if clone.path("/tmp/xev.out").exists() else 0
+        say(f"the clone's xev saw {keys - seen_before} key presses; source's xev {source.path('/tmp/xev.out').read_text().count('KeyPress')}")
+        if keys <= seen_before:
+            problems.append("the clone's X client got no key press from the clone's server")
+        if "bunshin-clone-only" not in windows(clone) or "bunshin-clone-only" in windows(source):
+            problems.append("a window made in the clone is not the clone's only")
+    return problems
+
+
+BUILDER_STEPS = ("plan", "namespaces", "files", "init", "grafted", "released")
+HELPER_STEPS = ("children", "descriptors", "threads", "graft")
+SOURCE_STEPS = ("plan", "files", "init", "grafted")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def _guest_state() -> tuple[tuple[str, ...], int, str]:
+    """What a leak would change: user processes outside the source (their names), mounts, and the module's live
+    sessions and states."""
+    names = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                flags = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[6])
+                cgroup = Path(f"/proc/{name}/cgroup").read_text()
+                # user processes outside the source (whose shell starts a sleep now and then)
+                if not flags & 0x00200000 and "treefork-faults\n" not in cgroup:  # PF_KTHREAD
+                    names.append(Path(f"/proc/{name}/comm").read_text().strip())
+    mounts = len(Path("/proc/self/mountinfo").read_text().splitlines())
+    stats = Path("/sys/kernel/debug/bunshin/stats").read_text().split()
+    return tuple(sorted(names)), mounts, " ".join(stats)
+
+
+def _changes(before: tuple[tuple[str, ...], int, str], after: tuple[tuple[str, ...], int, str]) -> str:
+    gone = sorted(set(before[0]) - set(after[0]))
+    new = [n for n in set(after[0]) if after[0].count(n) > before[0].count(n)]
+    return (f"processes {len(before[0])} -> {len(after[0])} (new: {new}, gone: {gone}), mounts {before[1]} -> "
+            f"{after[1]}, module {before[2]!r} -> {after[2]!r}")
+
+
+def _settled(baseline: tuple[tuple[str, ...], int, str]) -> tuple[tuple[str, ...], int, str]:
+    """The guest's state once killed processes are reaped and RCU-freed objects gone (up to 10 s)."""
+    deadline = time.monotonic() + 10
+    state = _guest_state()
+    while state != baseline and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = _guest_state()
+    return state
+
+
+def workload_faults(args: argparse.Namespace) -> list[str]:
+    """Kill the builder, a helper (of the clone's pid 1, and of its last process) or the source at every named step
+    of a tree fork of the shell workload: the fork fails with a typed error or yields a clone that is then removed;
+    no half-built clone, process, mount or module object remains; the source runs on (or, killed, is reported gone
+    and started again)."""
+    from bunshin.envs.runtime.treefork.errors import TreeForkFailed
+
+    problems: list[str] = []
+    cases = ([("builder", s, 1) for s in BUILDER_STEPS] + [("helper", s, 1) for s in HELPER_STEPS]
+             + [("helper", s, 0) for s in HELPER_STEPS] + [("source", s, 1) for s in SOURCE_STEPS])
+    with containers() as made:
+        source = start("faults", ["/bin/sh", "-c", SHELL_SCRIPT])
+        made.append(source)
+        time.sleep(1.5)
+        for n, (who, at, pid) in enumerate(cases):
+            pid = pid or int(source.path("/tmp/job").read_text())  # the background job: always there
+            baseline = _guest_state()
+            source.freeze(True)
+            clones: list[Container] = []
+            outcome = "forked"
+            try:
+                clone, _ = fork(source, f"faults-{n}", args.builder, clones, fault=f"{who}:{at}", fault_pid=pid)
+            except (TreeForkFailed, OSError, TimeoutError) as e:
+                outcome = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            for clone in clones:
+                end(clone)
+            source_alive = source.launcher is not None and source.launcher.poll() is None and \
+                _state(source.init) not in ("", "Z", "X")
+            if source_alive:
+                source.freeze(False)
+            else:
+                end(source)
+                made.remove(source)
+                source = start("faults", ["/bin/sh", "-c", SHELL_SCRIPT])
+                made.append(source)
+                time.sleep(1.5)
+                baseline = _guest_state()
+            state = _settled(baseline)
+            say(f"{who} killed at {at} (pid {pid}): {outcome}; source {'runs on' if source_alive else 'gone'}")
+            if who != "source" and not source_alive:
+                problems.append(f"{who} killed at {at}: the source died")
+            if state != baseline:
+                problems.append(f"{who} killed at {at}: the guest changed: {_changes(baseline, state)}")
+            if who in ("builder", "helper") and outcome == "forked" and at != "released":
+                problems.append(f"{who} killed at {at}: the fork still reported a clone")
+    return problems
+
+
+def _tree(init: int) -> list[int]:
+    from bunshin.envs.runtime.treefork.procfs import walk
+
+    return list(walk(init))
+
+
+def _ns_pid(host_pid: int) -> int:
+    from bunshin.envs.runtime.treefork.procfs import last, status
+
+    return last(status(host_pid)["NSpid"])
+
+
+WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": workload_threads,
+                                                                    "shell": workload_shell,
+                                                                    "sockets": workload_sockets,
+                                                                    "xdesktop": workload_xdesktop,
+                                                                    "faults": workload_faults}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload", choices=sorted(WORKLOADS))
+    ap.add_argument("--builder", required=True)
+    ap.add_argument("--threads-bin")
+    ap.add_argument("--images", help="the workspace image store (BUNSHIN_IMAGE_DIR)")
+    ap.add_argument("--sockets-app", default=str(Path(__file__).resolve().parent / "sockets_app.py"))
+    ap.add_argument("--generations", type=int, default=1)
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    try:
+        problems = WORKLOADS[args.workload](args)
+    except Exception as e:  # the verdict names it; the TAP line fails
+        problems = [f"{type(e).__name__}: {e}"]
+    for problem in problems:
+        say(f"FAIL: {problem}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The tree fork's reader on real process trees (each in a pid namespace of its own, stopped): the plan of a
+multi-threaded program with a pipe, an epoll, an eventfd and a shared memfd; and every refusal, one by one, naming
+the process and the descriptor or mapping. The build itself runs where the module loads: ``kmod/vmtest``
+(``treefork: <workload>``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bunshin.envs.errors import ForkFailed
+from bunshin.envs.runtime.treefork.plan import render
+from bunshin.envs.runtime.treefork.reader import TreeForkRefused, read_tree
+
+KMOD = Path(__file__).resolve().parent.parent / "kmod"
+PYTHON = "/usr/bin/python3"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                reason="needs root (pid namespaces) and unshare")
+
+
+class Tree:
+    def __init__(self, argv: list[str], threads: int = 1, keeps_pipe: int = 0):
+        self.launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        assert self.launcher.stdout is not None
+        ready = self.launcher.stdout.readline()
+        assert ready.strip() == b"ready", ready
+        self.init = int(Path(f"/proc/{self.launcher.pid}/task/{self.launcher.pid}/children").read_text().split()[0])
+        # until it has its threads and has let go of our pipe (but what it keeps of it on purpose)
+        ours = f"pipe:[{os.fstat(self.launcher.stdout.fileno()).st_ino}]"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (len(os.listdir(f"/proc/{self.init}/task")) < threads
+                                               or self._links_to(ours) > keeps_pipe):
+            time.sleep(0.02)
+        self._stop_all()
+        time.sleep(0.05)
+
+    def _links_to(self, target: str) -> int:
+        """How many descriptors of pid 1 and its children (a child forked before pid 1 let go of the pipe holds it
+        until it runs its own dup2) point at ``target``."""
+        links = []
+        children = Path(f"/proc/{self.init}/task/{self.init}/children").read_text().split()
+        for pid in [self.init, *map(int, children)]:
+            with contextlib.suppress(FileNotFoundError):
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(FileNotFoundError):
+                        links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        return links.count(target)
+
+    def _stop_all(self) -> None:
+        os.kill(self.init, signal.SIGSTOP)
+        for child in Path(f"/proc/{self.init}/task/{self.init}/children").read_text().split():
+            os.kill(int(child), signal.SIGSTOP)
+
+    def end(self) -> None:
+        os.killpg(self.launcher.pid, signal.SIGKILL)
+        self.launcher.wait()
+        assert self.launcher.stdout is not None
+        self.launcher.stdout.close()
+
+
+@pytest.fixture
+def tree() -> Iterator[list[Tree]]:
+    made: list[Tree] = []
+    yield made
+    for t in made:
+        t.end()
+
+
+def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0) -> Tree:
+    """A Python process (pid 1 of its namespace) that runs ``code``, says ready on what fd 1 was (a pipe to us; fd 1
+    is /dev/null by then, so that no pipe crosses the tree's boundary) and sleeps."""
+    program = (f"import os, sys, time\n{code}\n"
+               "w = os.dup(1); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(n)\n"
+               "os.write(w, b'ready\\n'); os.close(w)\n"
+               "while True: time.sleep(1)\n")
+    t = Tree([PYTHON, "-c", program], keeps_pipe=keeps_pipe)
+    made.append(t)
+    return t
+
+
+def test_a_threaded_program_with_a_pipe_an_epoll_an_eventfd_a_memfd_and_a_zombie_reads_into_a_faithful_plan(
+        tree: list[Tree], tmp_path: Path) -> None:
+    binary = tmp_path / "threads"
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(binary), str(KMOD / "treefork" / "threads.c"), "-lpthread"],
+                   check=True)
+    code = (f"import os; w = os.dup(1); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(n); "
+            f"os.write(w, b'ready\\n'); os.close(w); "
+            f"os.execv('{binary}', ['threads', '4', '{tmp_path}/threads.out'])")
+    t = Tree([PYTHON, "-c", code], threads=4)
+    tree.append(t)
+    plan = read_tree(t.init, hostname="box")
+    [proc, zombie] = plan.processes
+    assert proc.pid == 1 and proc.threads == [3, 4, 5]  # the zombie is pid 2
+    assert zombie.zombie and zombie.ppid == 1 and zombie.exit_code == 3 << 8  # its never-reaped child
+    kinds = {f.oid: f.kind for f in plan.files}
+    by_num = {d.num: kinds[d.oid] for d in proc.descriptors}
+    assert sorted(by_num.values()).count("pipe") == 1 and "pipe_w" in by_num.values()
+    assert {"memfd", "epoll", "eventfd", "file"} <= set(by_num.values())
+    [memfd] = [f for f in plan.files if f.kind == "memfd"]
+    assert memfd.path == "treefork-threads"
+    # the mapping of the memfd and its descriptor are one copy
+    assert [r.oid for r in proc.remaps] == [memfd.oid]
+    [epoll_fd] = [num for num, kind in by_num.items() if kind == "epoll"]
+    # added again by the process, with the numbers it added them with
+    assert {(w.pid, w.epoll_fd) for w in plan.watches} == {(1, epoll_fd)}
+    assert {by_num[w.target_fd] for w in plan.watches} == {"pipe", "eventfd"}
+    text = render(plan)
+    assert text.startswith(f"close_from {max(by_num) + 1}\n") and text.endswith("end\n")
+    assert f"proc 1 {t.init} 0 0 0 17 0 0\n" in text, [line for line in text.splitlines() if line.startswith("proc")]
+
+
+REFUSALS = {
+    "a Unix socket connected outside the tree": (
+        "import socket; c = socket.socket(socket.AF_UNIX); c.connect('\\0bunshin-treefork-test')", "fd",
+        "connected outside the tree"),
+    "a listener with a connection not yet accepted": (
+        "import socket; l = socket.socket(socket.AF_UNIX); l.bind('\\0bunshin-tf-l'); l.listen(1); "
+        "c = socket.socket(socket.AF_UNIX); c.connect('\\0bunshin-tf-l')", "fd", "not yet accepted"),
+    "a datagram pair with a message in flight": (
+        "import socket; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.send(b'x')", "fd",
+        "messages in flight"),
+    "a UDP socket": ("import socket; u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)", "fd",
+                     "other than a TCP listener"),
+    "a TCP connection": (
+        "import socket; l = socket.create_server(('127.0.0.1', 0)); "
+        "c = socket.create_connection(l.getsockname()); a, _ = l.accept()", "fd", "other than a TCP listener"),
+    "a timerfd": ("import ctypes; ctypes.CDLL(None).timerfd_create(1, 0)", "fd", "a timerfd"),
+    "an inotify": ("import ctypes; ctypes.CDLL(None).inotify_init()", "fd", "an inotify instance"),
+    "a signalfd": ("import ctypes; m = (ctypes.c_ulong * 16)(); assert ctypes.CDLL(None).signalfd(-1, m, 0) >= 0", "fd",
+                   "a signalfd"),
+    "a pidfd": ("os.pidfd_open(os.getpid())", "fd", "a pidfd"),
+    "a deleted file": ("f = open('/tmp/bunshin-treefork-deleted', 'w'); os.unlink(f.name)", "fd", "a deleted file"),
+    "a pipe to outside": ("d = os.dup(1); os.dup2(d, 7); os.close(d)", "fd 7", "outside the tree"),
+    "a device": ("os.open('/dev/tty0' if os.path.exists('/dev/tty0') else '/dev/kmsg', os.O_RDONLY)", "fd",
+                 "a device"),
+    "SysV shared memory": ("import ctypes; c = ctypes.CDLL(None); c.shmat.restype = ctypes.c_void_p; "
+                           "i = c.shmget(0, 65536, 0o1600); c.shmat(i, None, 0); c.shmctl(i, 0, None)",
+                           "mapping", "SysV shared memory"),
+    "a memfd mapped privately, written": (
+        "import mmap; f = os.memfd_create('m'); os.ftruncate(f, 4096); "
+        "m = mmap.mmap(f, 4096, flags=mmap.MAP_PRIVATE); m[0] = 1", "mapping", "holding pages of its own"),
+    "a shared writable mapping of a file": (
+        "import ctypes; c = ctypes.CDLL(None); c.mmap.restype = ctypes.c_void_p; "
+        "p = f'/tmp/bunshin-treefork-{os.getppid()}'; f = os.open(p, os.O_RDWR | os.O_CREAT); os.ftruncate(f, 4096); "
+        "c.mmap(None, 4096, 3, 1, f, ctypes.c_long(0)); os.close(f); os.unlink(p)", "mapping",
+        "shared writable mapping of a file"),
+    "differing real and effective ids": ("os.setresuid(0, 65534, 0)", "pid 1", "real, effective and saved"),
+}
+
+
+@pytest.fixture(scope="module")
+def outside_listener() -> Iterator[None]:
+    """A Unix listener outside any tree that accepts every connection (the refusal cases connect to it)."""
+    accepted: list[socket.socket] = []
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind("\0bunshin-treefork-test")
+        listener.listen(16)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    accepted.append(listener.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        yield
+        listener.shutdown(socket.SHUT_RDWR)
+    for conn in accepted:
+        conn.close()
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_what_cannot_be_reproduced_is_refused_naming_it(tree: list[Tree], case: str, outside_listener: None) -> None:
+    code, where, why = REFUSALS[case]
+    t = python_tree(tree, code, keeps_pipe=1 if case == "a pipe to outside" else 0)
+    with pytest.raises(TreeForkRefused) as caught:
+        read_tree(t.init, hostname="box")
+    err = caught.value
+    assert isinstance(err, ForkFailed)
+    assert where in err.culprit and why in str(err), str(err)
+
+
+def test_a_tree_whose_root_is_not_its_namespaces_pid_1_is_refused(tree: list[Tree]) -> None:
+    t = python_tree(tree, "pid = os.fork()\nif pid == 0:\n    while True: time.sleep(1)")
+    child = int(Path(f"/proc/{t.init}/task/{t.init}/children").read_text().split()[0])
+    with pytest.raises(TreeForkRefused, match="not pid 1 of its pid namespace"):
+        read_tree(child, hostname="box")
+
+
+def test_a_zombie_is_planned_to_exit_again_with_its_status(tree: list[Tree]) -> None:
+    t = python_tree(tree, "pid = os.fork()\nif pid == 0: os._exit(3)\ntime.sleep(0.3)")
+    plan = read_tree(t.init, hostname="box")
+    [zombie] = [p for p in plan.processes if p.zombie]
+    assert zombie.pid == 2 and zombie.ppid == 1 and zombie.exit_code == 3 << 8 and not zombie.descriptors
+    assert "zombie 2 768 python3\n" in render(plan)
+
+
+def test_unix_sockets_inside_the_tree_and_a_tcp_listener_are_planned(tree: list[Tree]) -> None:
+    """A stream pair between pid 1 and its child with bytes in flight both ways, an abstract listener, a listener
+    at a path, an unconnected socket and a TCP listener: each an object the builder makes again."""
+    code = ("import socket\n"
+            "a, b = socket.socketpair(); a.send(b'to b'); b.send(b'to a')\n"
+            "l = socket.socket(socket.AF_UNIX); l.bind(f'\\0bunshin-tf-listen-{os.getppid()}'); l.listen(8)\n"
+            "p = socket.socket(socket.AF_UNIX); p.bind(f'/tmp/bunshin-tf-{os.getppid()}.sock'); p.listen(8)\n"
+            "u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            "t = socket.create_server(('127.0.0.1', 0))\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    a.close(); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n"
+            "    while True: time.sleep(1)\n"
+            "b.close()")
+    t = python_tree(tree, code)
+    plan = read_tree(t.init, hostname="box")
+    kinds = sorted(f.kind for f in plan.files)
+    assert [k for k in kinds if k in ("socketpair", "socketpair_b", "unix_listen", "unix", "tcp_listen")] == \
+        ["socketpair", "socketpair_b", "tcp_listen", "unix", "unix_listen", "unix_listen"]
+    pair = next(f for f in plan.files if f.kind == "socketpair")
+    other = next(f for f in plan.files if f.kind == "socketpair_b")
+    assert other.peer == pair.oid and {pair.source_pid, other.source_pid} == {p.host_pid for p in plan.processes}
+    names = {f.path for f in plan.files if f.kind == "unix_listen"}
+    assert any(n.startswith("@bunshin-tf-listen-") for n in names) and any(n.startswith("/tmp/bunshin-tf-") for n in names)
+    [tcp] = [f for f in plan.files if f.kind == "tcp_listen"]
+    assert tcp.path == "127.0.0.1" and tcp.count > 0
+    for f in plan.files:
+        if f.kind == "unix_listen" and f.path.startswith("/tmp/"):
+            os.unlink(f.path)
