@@ -141,6 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", type=Path, help="write the report as JSON here")
     check.add_argument("--limit", type=int, help="only the first N tasks")
     check.add_argument("--concurrency", type=int, default=2)
+    check.add_argument("--task-dir", type=Path, metavar="DIR",
+                       help="check the task files under DIR (every *.json, recursively; e.g. OSWorld's "
+                            "evaluation_examples/examples): refused files are listed with the reason; a task "
+                            "without a reference solution runs its null attempt only")
+
+    files = sub.add_parser("files", help="the files cache OSWorld tasks download from (the osworld suite)")
+    files_sub = files.add_subparsers(dest="files_command", required=True)
+    add = files_sub.add_parser("add", help="keep FILE as what URL gives (a task's download or cloud file)")
+    add.add_argument("url")
+    add.add_argument("file", type=Path)
+    add.add_argument("--files-cache", type=Path, metavar="DIR", default=None,
+                     help="default $BUNSHIN_FILES_CACHE or /var/lib/bunshin/files")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -489,17 +501,34 @@ def run(args: argparse.Namespace) -> int:
             write_json(args.json, report)
         ok = report["identical_observations"] == report["identical_rewards"] == report["trajectories"]
         return 0 if ok else 1
+    if args.command == "files":
+        from bunshin.envs.xdesktop.files_cache import FilesCache
+
+        try:
+            data = args.file.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"bunshin files add: {args.file}: {exc.strerror}") from exc
+        blob = FilesCache(args.files_cache).put(args.url, data)
+        print(f"{args.url} -> {blob} ({len(data)} bytes)")
+        return 0
     if args.command == "suite" and args.suite_command == "check":
         from .commands.suite_check import check as check_suite
         from .report import write_json
 
+        if args.task_dir is not None:
+            if not args.task_dir.is_dir():
+                raise CommandError(f"bunshin suite check: --task-dir {args.task_dir}: not a directory")
+            args.set = [*args.set, ("tasks_dir", str(args.task_dir)), ("lenient", True)]
         report = event_loop.run(check_suite(make_suite(args), limit=args.limit, concurrency=args.concurrency))
-        print(json.dumps({k: v for k, v in report.items() if k != "failures"}))
+        print(json.dumps({k: (len(v) if k == "refused" else v) for k, v in report.items() if k != "failures"}))
+        for refused in report["refused"]:
+            print(f"REFUSED {refused['file']}: {refused['reason']}")
         for failure in report["failures"]:
             print(f"FAILED task {failure['task']} ({failure['template']}) {failure['attempt']}: {failure['reason']}")
         if args.json:
             write_json(args.json, report)
-        return 0 if report["oracle_pass"] == report["tasks"] and not report["failures"] else 1
+        ok = report["oracle_pass"] == report["tasks"] - report["no_reference"] and not report["failures"]
+        return 0 if ok else 1
     return 2
 
 

@@ -64,6 +64,17 @@ class BadRequest(EngineError, ValueError):
     set, too few epochs, steps or samples)."""
 
 
+class NeedsLiveFork(BadRequest):
+    """A mode that forks workspaces mid-trajectory (the prefix cache, speculation) asked of a suite whose workspaces
+    do not fork live (a real desktop: ``Suite.forks_live``)."""
+
+    def __init__(self, suite: str, mode: str):
+        super().__init__(f"suite {suite}: {mode} forks workspaces mid-trajectory, and a {suite} workspace cannot be "
+                         "forked live (its programs are multi-threaded; the kernel tree fork, docs/kmod.md, is what "
+                         "will carry them); run it without")
+        self.suite, self.mode = suite, mode
+
+
 class CommandError(EngineError, ValueError):
     """A command cannot do what it was asked (a flag without the one it needs, an unknown task id, a policy that
     cannot be built, a tool the command drives that failed); the message names the culprit. Only

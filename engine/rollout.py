@@ -41,7 +41,7 @@ from bunshin.envs.workspace import Workspace
 from bunshin.policies.base import Policy, ServerConfigError
 
 from .admission import Admission, AdmissionGate
-from .errors import EngineError, EngineNotStarted, SetupTimeout, UnknownTask, first_exception
+from .errors import EngineError, EngineNotStarted, NeedsLiveFork, SetupTimeout, UnknownTask, first_exception
 from .meter import MemoryMeter
 from .outcomes import Phase, classify, describe
 from .prefix.cache import PrefixCache
@@ -50,6 +50,7 @@ from .prefix.walk import Walk
 from .pull import Puller, PullError
 from .records import RolloutRequest, RolloutResult, Trajectory, group_requests, in_request_order
 from .sample import SampleRun, SampleSettings
+from .set_up_pool import SetUpPool
 from .speculation.branch import SampleSpeculation
 from .speculation.settings import SpecSettings
 from .speculation.speculator import Speculator
@@ -79,7 +80,8 @@ class RolloutEngine:
         ``state_dir`` (default: a ``WorkspaceRuntime`` made from those). ``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
         every call). ``speculation``: run predicted calls in forks while the policy reasons (``engine/speculation``;
         its model is kept in the prefix cache's directory unless ``speculation.model_dir`` says otherwise). ``call_timeout_s`` is each tool call's deadline (the runtime stops a workspace whose call overruns it);
-        ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``);
+        ``setup_timeout_s`` bounds a group's fork and task setup (default: ``call_timeout_s``; never less than the
+        suite's ``setup_timeout_s``);
         ``memory_detail_s``: also read the run's memory in detail at this interval (``RunMemory``: PSS sum beside
         the cgroup charge, page tables, engine and nursery), for benchmarks; it costs a read of every process.
         ``warm_pool``: ready warm-pool slots per warm app (a Chromium workspace's clones take their browser from
@@ -88,11 +90,14 @@ class RolloutEngine:
         default). The slots are the run's memory: every figure of the run includes them."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if not suite.forks_live and (prefix is not None or speculation is not None):
+            raise NeedsLiveFork(suite.name, "the prefix cache" if prefix is not None else "speculation")
         self.suite, self.policy, self.backend = suite, policy, backend
         self.concurrency, self.memory_budget = concurrency, memory_budget
         self.settings = SampleSettings(decide_timeout_s=decide_timeout_s, call_timeout_s=call_timeout_s,
                                        rollout_timeout_s=rollout_timeout_s, max_steps=max_steps)
         self.setup_timeout_s = call_timeout_s if setup_timeout_s is None else setup_timeout_s
+        self.setup_timeout_s = max(self.setup_timeout_s, suite.setup_timeout_s or 0.0)  # what the suite needs
         # Many hosts may start at once on few cores (64 private restores each read a dump and start an
         # interpreter): a start is given as long as a rollout may take to decide, not the runtime's default minute.
         kwargs: dict[str, Any] = {"backend": backend, "start_timeout_s": max(60.0, decide_timeout_s),
@@ -327,15 +332,27 @@ class RolloutEngine:
             let_go()
 
     async def _setup(self, request: RolloutRequest, task: SuiteTask | None, trajectories: list[Trajectory],
-                     finish: Finish) -> tuple[Workspace | None, Observation | None]:
+                     finish: Finish) -> tuple[Workspace | SetUpPool | None, Observation | None]:
         """The group's base (a fork of the application's root) with the task set up, and its first observation;
-        (None, None) once every trajectory of the group has been finished with the failure."""
+        (None, None) once every trajectory of the group has been finished with the failure. A suite that does not
+        fork live gets a ``SetUpPool``: one workspace per sample, each set up ahead of the sample that takes it."""
         try:
             if task is None:
                 raise UnknownTask(request.task.task_id, self.suite.name)
+            seed = derive_seed(request.seed, task.id, "base")
+            if not self.suite.forks_live:
+                pool = SetUpPool(self.runtime, self.suite, task, size=request.group_size, seed=seed,
+                                 setup_timeout_s=self.setup_timeout_s)
+                try:
+                    async with self._gate().slot():
+                        await await_points.reached("group.setup")
+                        return pool, await pool.start()
+                except BaseException:
+                    await pool.close()
+                    raise
             async with self._gate().slot():
                 await await_points.reached("group.setup")
-                base, first = await self._make_base(task, derive_seed(request.seed, task.id, "base"))
+                base, first = await self._make_base(task, seed)
             return base, first
         except BaseException as exc:
             if not isinstance(exc, Exception):
@@ -404,7 +421,8 @@ class RolloutEngine:
                     samples.create_task(one(t))
         return True
 
-    async def _samples(self, task: SuiteTask, base: Workspace, first: Observation, trajectories: list[Trajectory],
+    async def _samples(self, task: SuiteTask, base: Workspace | SetUpPool, first: Observation,
+                       trajectories: list[Trajectory],
                        finish: Finish, closed: Callable[[], None]) -> None:
         """Every sample of the group, in a TaskGroup; the base is closed as soon as every sample has forked (then
         ``closed()``)."""

@@ -30,6 +30,7 @@ from .errors import DecideTimeout, RolloutTimeout
 from .outcomes import Phase, classify, describe
 from .prefix.walk import Walk
 from .records import Status, Trajectory
+from .set_up_pool import SetUpPool
 from .speculation.branch import Branch, SampleSpeculation
 from .speculation.features import Situation, label_of
 
@@ -47,7 +48,7 @@ class SampleRun:
 
     def __init__(self, suite: Suite, policy: Policy, gate: AdmissionGate, settings: SampleSettings,
                  execute_call: Callable[[Workspace, ToolCall, float], Awaitable[Observation]], task: SuiteTask,
-                 base: Workspace | None, first: Observation, trajectory: Trajectory,
+                 base: Workspace | SetUpPool | None, first: Observation, trajectory: Trajectory,
                  walk: Callable[[], Walk] | None = None, speculation: SampleSpeculation | None = None,
                  policy_version: Callable[[], int] = lambda: 0):
         """Either ``base`` (the sample forks it and executes every call) or ``walk`` (the prefix cache: the
@@ -91,6 +92,8 @@ class SampleRun:
                             told = True
                         t.timings["fork_s"] = round(time.monotonic() - fork_started, 4)
                         t.lineage = [self.base.id, self.ws.id]
+                        if isinstance(self.base, SetUpPool):  # a workspace of its own: its own first screen
+                            self.first = self.base.first_of(self.ws) or self.first
                         before = self.ws.charge()
                         await self._episode(self.ws)
                         ticket.grew = self.ws.charge() - before  # (after adoptions: the last branch's)

@@ -5,6 +5,7 @@ workspaces, such actions on the engine's path (``suite.parse_action``) leave the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -207,7 +208,8 @@ HOSTILE_DESKTOP = [_nested(100_000), '{"name": "terminal", "args": ' + _nested(3
 async def test_hostile_web_actions_leave_the_shop_answering(runtime, tmp_path) -> None:
     from bunshin.envs.webshop import tasks as generator
 
-    generator.write(tmp_path, [t for t in generator.generate(2000, 0) if t["bunshin_template"] == "review_count"][:1])
+    tasks = await asyncio.to_thread(generator.generate, 2000, 0)  # a second of work: off the event loop
+    generator.write(tmp_path, [t for t in tasks if t["bunshin_template"] == "review_count"][:1])
     suite = WebShopSuite(catalog_size=2000, tasks_dir=tmp_path, time_scale=0.0)
     [task] = suite.tasks()
     ws = await runtime.create(suite.app(task))

@@ -22,8 +22,9 @@ from bunshin.policies.grounded import GroundedPolicy
 
 from .conftest import assert_no_leaks
 from .test_chromium_shop import chromium_processes
+from .trajectory_diff import first_difference
 
-TEMPLATES = ("search_for", "add_to_cart", "checkout")  # a search, a cart add (POST), an order (a form, a POST)
+TEMPLATES = ("search_for", "checkout")  # a search; an order: a cart add (a POST), then a form (a POST)
 GROUP = 2
 
 
@@ -64,6 +65,7 @@ async def epochs(state_dir: Path, seeds: list[int], **kwargs) -> tuple[list[list
     return out, spec
 
 
+@pytest.mark.timeout(900)  # two Chromium epochs each way, every prediction speculated: 1.5 to 3 min here
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_prefix_cache_and_speculation_give_the_plain_engine_trajectories(state_dir: Path,
                                                                             tmp_path: Path) -> None:
@@ -72,11 +74,15 @@ async def test_prefix_cache_and_speculation_give_the_plain_engine_trajectories(s
     for epoch in plain:
         assert [t.error for t in epoch if t.error] == []
         assert sum(t.reward for t in epoch) > 0  # the grounded policy solves some in Chromium
-    full, spec = await epochs(state_dir, seeds, prefix=PrefixSettings(), speculation=SpecSettings())
+    # every prediction speculated (threshold 0): what is checked is that speculation never changes a trajectory, and
+    # it must happen whether or not the selector's model got confident in time (a busy CI machine once retrained
+    # it too late: all 80 predictions under 0.5, nothing speculated)
+    full, spec = await epochs(state_dir, seeds, prefix=PrefixSettings(), speculation=SpecSettings(threshold=0.0))
     for k, (a, b) in enumerate(zip(full, plain, strict=True)):
-        assert trajectories_sha256(a) == trajectories_sha256(b), f"epoch {k} differs with the cache and speculation"
+        assert trajectories_sha256(a) == trajectories_sha256(b), (f"epoch {k} differs with the cache and "
+                                                                  f"speculation: {first_difference(a, b)}")
     assert sources(full[1]).get("cached", 0) > 0, sources(full[1])  # the second epoch is served from the tree
-    assert spec is not None and spec["speculated"] > 0, spec  # browser actions were speculated: Chromium forks
+    assert spec is not None and spec["speculated"] > 0, f"{spec}"  # browser actions were speculated: Chromium forks
     # the recording replays step for step in fresh Chromium workspaces
     recorded = tmp_path / "trajectories.jsonl"
     write_jsonl(recorded, plain[0])

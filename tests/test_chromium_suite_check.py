@@ -107,7 +107,7 @@ async def test_suite_check_in_chromium_on_one_task_of_every_template(runtime, tm
     assert report["tasks"] == len(generator.TEMPLATES)
 
 
-@pytest.mark.slow
+@pytest.mark.full  # ~4 min; CI runs one task of every template (above), pytest -m full this one
 @pytest.mark.timeout(1800)
 @pytest.mark.asyncio(loop_factories=["uvloop"])
 async def test_suite_check_in_chromium_on_every_task(runtime) -> None:

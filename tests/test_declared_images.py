@@ -175,22 +175,14 @@ def test_the_desktops_infeasible_tasks_get_the_same_verdicts_on_a_host_with_more
     """The grounded reader gives up an infeasible task when the desktop lacks the program it needs; on a host whose
     /usr/bin has every such program (an overlay over it, in a mount namespace of the test's own), the workspace
     still has only its image's, and every verdict is the same."""
-    upper, work = tmp_path / "upper", tmp_path / "work"
-    upper.mkdir()
-    work.mkdir()
-    for tool in EXTRA_TOOLS:
-        (upper / tool).write_text("#!/bin/sh\nexit 0\n")
-        (upper / tool).chmod(0o755)
+    more_tools = _more_tools(tmp_path)
     results = {}
     for host in ("plain", "more tools"):
         out = tmp_path / host.replace(" ", "-")
         eval_cmd = [sys.executable, "-m", "bunshin.engine.cli", "eval", "--suite", "desktop", "--policy", "grounded",
                     "--task-dir", str(REPO / "envs/desktop/tasks/infeasible"), "--group-size", "1",
                     "--time-scale", "0", "--out", str(out)]
-        script = "exec \"$@\""
-        if host == "more tools":
-            script = (f"mount -t overlay overlay -o lowerdir=/usr/bin,upperdir={upper},workdir={work} /usr/bin && "
-                      f"command -v {' '.join(EXTRA_TOOLS)} >/dev/null && exec \"$@\"")
+        script = (more_tools if host == "more tools" else "") + 'exec "$@"'
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *eval_cmd],
                               capture_output=True, text=True, timeout=900, cwd=REPO)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -201,6 +193,49 @@ def test_the_desktops_infeasible_tasks_get_the_same_verdicts_on_a_host_with_more
         results[host] = rewards
     assert len(results["plain"]) == 8 and set(results["plain"].values()) == {1.0}  # each given up, rightly
     assert results["more tools"] == results["plain"]
+
+
+def _more_tools(tmp_path: Path) -> str:
+    """A shell prefix that, in the mount namespace it runs in, lays an overlay with ``EXTRA_TOOLS`` over /usr/bin."""
+    upper, work = tmp_path / "upper", tmp_path / "work"
+    upper.mkdir()
+    work.mkdir()
+    for tool in EXTRA_TOOLS:
+        (upper / tool).write_text("#!/bin/sh\nexit 0\n")
+        (upper / tool).chmod(0o755)
+    return (f"mount -t overlay overlay -o lowerdir=/usr/bin,upperdir={upper},workdir={work} /usr/bin && "
+            f"command -v {' '.join(EXTRA_TOOLS)} >/dev/null && ")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts over the host's /usr/bin in a private mount namespace")
+def test_the_real_desktops_tasks_get_the_same_verdicts_on_a_host_with_more_tools(tmp_path: Path) -> None:
+    """The osworld suite's workspaces stand on the image ``desktop``: a task that checks which programs the desktop
+    has, and an embedded infeasible task, get the same verdicts from ``suite check`` (OSWorld's judge and ours)
+    on a host whose /usr/bin has programs the image lacks."""
+    tasks = tmp_path / "tasks"
+    (tasks / "os").mkdir(parents=True)
+    for infeasible in sorted((REPO / "envs/xdesktop/tasks/infeasible").glob("*.json"))[:1]:
+        (tasks / "os" / infeasible.name).write_text(infeasible.read_text())
+    probe = "for t in xrandr lp nmcli bluetoothctl; do command -v $t >/dev/null && echo $t; done; echo end"
+    (tasks / "os" / "tools.json").write_text(json.dumps({
+        "id": "which-tools", "instruction": "Say done.", "snapshot": "os", "related_apps": ["os"], "config": [],
+        "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line", "command": probe, "shell": True},
+                      "expected": {"type": "rule", "rules": {"expected": "end\n"}}},
+        "bunshin_reference": [{"name": "DONE", "args": {}}]}))
+    reports = {}
+    for host in ("plain", "more tools"):
+        out = tmp_path / f"{host.replace(' ', '-')}.json"
+        check = [sys.executable, "-m", "bunshin.engine.cli", "suite", "check", "--suite", "osworld", "--task-dir",
+                 str(tasks), "--files-cache", str(tmp_path / "files"), "--set", "observe=", "--json", str(out)]
+        script = (_more_tools(tmp_path) if host == "more tools" else "") + 'exec "$@"'
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *check],
+                              capture_output=True, text=True, timeout=900, cwd=REPO)
+        report = json.loads(out.read_text())
+        reports[host] = {k: report[k] for k in ("tasks", "oracle_pass", "null_pass", "failures")}
+        assert proc.returncode == 0, (host, report["failures"], proc.stderr[-2000:])
+    assert reports["plain"]["tasks"] == reports["plain"]["oracle_pass"] == 2
+    assert reports["more tools"] == reports["plain"]
 
 
 def test_prune_removes_what_no_recipe_names_and_keeps_the_rest(tmp_path: Path) -> None:

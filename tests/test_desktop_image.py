@@ -30,9 +30,12 @@ async def test_the_desktop_image_runs_a_display_a_window_manager_libreoffice_and
         out = await sh(ws, "export DISPLAY=:0; (Xvfb :0 -screen 0 1920x1080x24 -nolisten tcp >/tmp/x.log 2>&1 &); "
                            "for i in $(seq 100); do xdpyinfo >/dev/null 2>&1 && break; sleep 0.1; done; "
                            "dbus-launch --sh-syntax > /tmp/dbus.env && . /tmp/dbus.env && "
-                           "(openbox >/tmp/openbox.log 2>&1 &); for i in $(seq 100); do wmctrl -m >/dev/null 2>&1 "
-                           "&& break; sleep 0.1; done; wmctrl -m; xdpyinfo | grep dimensions")
-        assert "Name: Openbox" in out and "1920x1080 pixels" in out
+                           "(openbox >>/tmp/openbox.log 2>&1 &); for i in $(seq 600); do wmctrl -m >/dev/null 2>&1 "
+                           "&& break; pgrep -x openbox >/dev/null || (openbox >>/tmp/openbox.log 2>&1 &); sleep 0.1; "
+                           "done; wmctrl -m; xdpyinfo | grep dimensions; cat /tmp/openbox.log")
+        # as the session does (envs/xdesktop/session.py): openbox started while the display settles may give up;
+        # it is started again, and given a minute under load
+        assert "Name: Openbox" in out and "1920x1080 pixels" in out, out
         out = await sh(ws, SESSION + "(soffice --calc --norestore >/tmp/lo.log 2>&1 &); for i in $(seq 300); do "
                                      "wmctrl -l | grep -q 'LibreOffice Calc' && break; sleep 0.2; done; wmctrl -l", 120)
         assert "Untitled 1 - LibreOffice Calc" in out

@@ -314,7 +314,8 @@ async def run_all(suite: DesktopSuite, policy, state_dir: Path, task_ids: list[s
 
 @pytest.mark.slow
 @pytest.mark.asyncio
-@pytest.mark.parametrize("detour_p", [0.0, 0.15])
+# with detours (0.15) the same reader runs a minute longer: the full tier's (pytest -m full)
+@pytest.mark.parametrize("detour_p", [0.0, pytest.param(0.15, marks=pytest.mark.full)])
 async def test_the_reader_solves_most_feasible_desktop_tasks(suite: DesktopSuite, state_dir: Path, detour_p: float,
                                                              request: pytest.FixtureRequest) -> None:
     if "uvloop" in request.node.name:

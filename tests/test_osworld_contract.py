@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bunshin.engine.adapters.osworld_http import VmHttpServer
 from bunshin.envs import AppSpec, Limits, ToolCall, WorkspaceRuntime
+from bunshin.envs.xdesktop.http import VmHttpServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -166,7 +166,7 @@ def chrome_steps(port: int, cdp_port: int, tmp: Path) -> Any:
 
 async def test_chrome_is_google_chrome_and_osworlds_cdp_steps_and_getters_reach_it(
         make_runtime, tmp_path: Path, http_only: None) -> None:
-    from bunshin.engine.adapters.osworld_http import PortForward
+    from bunshin.envs.xdesktop.http import PortForward
 
     rt: WorkspaceRuntime = await make_runtime(limits=Limits(memory_bytes=4 << 30, pids=1024, command_timeout_s=150))
     ws = await rt.create(DESKTOP)

@@ -30,8 +30,10 @@ from bunshin.policies.grounded import GroundedPolicy
 
 from .conftest import assert_no_leaks, host_processes, leftovers
 from .quiet import all_tasks_blocked, settled, until
+from .trajectory_diff import first_difference
 
 TASKS, GROUP = 4, 4
+Baseline = dict[int, list[Trajectory]]  # the trajectories of epochs 0 and 1 without the cache
 pytestmark = pytest.mark.asyncio(loop_factories=["uvloop"])  # real engines: once is enough
 
 
@@ -127,15 +129,19 @@ async def test_a_cached_step_skips_the_time_its_tool_took(state_dir: Path) -> No
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, str]]:
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Baseline]:
     """Epochs 0 and 1 of the web shop without the cache: what every cache-directory test must reproduce."""
-    async def run() -> dict[int, str]:
+    async def run() -> Baseline:
         async with RolloutEngine(shop(), grounded(), concurrency=8,
                                  state_dir=tmp_path_factory.mktemp("baseline-state")) as engine:
             runs = await epochs(engine, [0, 1])
-            return {seed: trajectories_sha256(ts) for seed, ts in zip([0, 1], runs, strict=True)}
+            return dict(zip([0, 1], runs, strict=True))
 
     yield asyncio.run(run())
+
+
+def assert_reproduces(got: list[Trajectory], expected: list[Trajectory]) -> None:
+    assert trajectories_sha256(got) == trajectories_sha256(expected), first_difference(got, expected)
 
 
 async def cached_run(state_dir: Path, cache_dir: Path, seeds: list[int], *,
@@ -158,10 +164,10 @@ async def cached_run(state_dir: Path, cache_dir: Path, seeds: list[int], *,
 
 
 async def test_a_corrupt_chunk_and_a_truncated_manifest_are_dropped_and_rebuilt(state_dir: Path, tmp_path: Path,
-                                                                                baseline: dict[int, str]) -> None:
+                                                                                baseline: Baseline) -> None:
     cache_dir = tmp_path / "cache"
     (first,), stats = await cached_run(state_dir, cache_dir, [0])
-    assert trajectories_sha256(first) == baseline[0]
+    assert_reproduces(first, baseline[0])
     assert stats["writes"] > 0 and 0 < stats["bytes_written"] < stats["full_bytes"]
     store = cache_dir / "store"
     chunks = sorted((p for p in (store / "chunks").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
@@ -174,14 +180,14 @@ async def test_a_corrupt_chunk_and_a_truncated_manifest_are_dropped_and_rebuilt(
     truncated.write_bytes(truncated.read_bytes()[:20])
 
     (second,), stats = await cached_run(state_dir, cache_dir, [1], restores_pay=True)
-    assert trajectories_sha256(second) == baseline[1]
+    assert_reproduces(second, baseline[1])
     assert stats["cold_dropped_on_open"] >= 1  # the truncated manifest: never loaded
     assert stats["cold_corrupt"] >= 1  # the flipped chunk: found when a restore read it, dropped, replayed
     assert stats["cold_loaded_nodes"] > 0 and stats["hits"] > 0
 
 
 async def test_a_full_disk_while_writing_leaves_the_run_going(state_dir: Path, tmp_path: Path,
-                                                              baseline: dict[int, str]) -> None:
+                                                              baseline: Baseline) -> None:
     image, mount = tmp_path / "small.img", tmp_path / "small"
     mount.mkdir()
     subprocess.run(["truncate", "-s", "8M", str(image)], check=True)
@@ -191,7 +197,8 @@ async def test_a_full_disk_while_writing_leaves_the_run_going(state_dir: Path, t
         (first, second), stats = await cached_run(state_dir, mount / "cache", [0, 1])
     finally:
         subprocess.run(["umount", str(mount)], check=True)
-    assert [trajectories_sha256(first), trajectories_sha256(second)] == [baseline[0], baseline[1]]
+    assert_reproduces(first, baseline[0])
+    assert_reproduces(second, baseline[1])
     assert stats["writes_failed"] > 0  # a state is ~100 MiB; the disk holds 8
     assert stats["hits"] > 0  # the hot side serves on
 
@@ -213,7 +220,7 @@ async def wait_gone() -> None:
 
 
 async def test_an_engine_killed_mid_epoch_resumes_from_its_cache_dir(state_dir: Path, tmp_path: Path,
-                                                                     baseline: dict[int, str]) -> None:
+                                                                     baseline: Baseline) -> None:
     cache_dir = tmp_path / "cache"
     proc = await victim(state_dir, cache_dir, "kill")
     try:
@@ -229,14 +236,14 @@ async def test_an_engine_killed_mid_epoch_resumes_from_its_cache_dir(state_dir: 
         await proc.wait()
     await wait_gone()
     (again,), stats = await cached_run(state_dir, cache_dir, [1])
-    assert trajectories_sha256(again) == baseline[1]
+    assert_reproduces(again, baseline[1])
     assert stats["cold_loaded_nodes"] > 0 and stats["hits"] > 0
     assert sources(again).get("cached", 0) > 0
     assert leftovers(run_id, Path(run_dir)) == []  # the killed run's workspaces went at the next start
 
 
 async def test_a_crash_in_the_middle_of_a_checkpoint_write_loses_nothing_else(state_dir: Path, tmp_path: Path,
-                                                                              baseline: dict[int, str]) -> None:
+                                                                              baseline: Baseline) -> None:
     cache_dir = tmp_path / "cache"
     proc = await victim(state_dir, cache_dir, "crash:40")  # inside the first state written
     _, run_id, run_dir = (await line(proc)).split()
@@ -246,7 +253,7 @@ async def test_a_crash_in_the_middle_of_a_checkpoint_write_loses_nothing_else(st
     await wait_gone()
     assert list((cache_dir / "store" / "tmp").iterdir())  # the write's temporary files, as the crash left them
     (first,), stats = await cached_run(state_dir, cache_dir, [0])
-    assert trajectories_sha256(first) == baseline[0]
+    assert_reproduces(first, baseline[0])
     assert not list((cache_dir / "store" / "tmp").iterdir()) and stats["writes"] > 0
 
 

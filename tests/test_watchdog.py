@@ -1,4 +1,5 @@
-"""The loop watchdog is on for every async test: a test that blocks the event loop fails, one that does not passes."""
+"""The loop watchdog is on for every async test: a test that blocks the event loop (sleeping in a call or computing)
+fails, naming where; one that does not passes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 PROBE = '''
-import asyncio, time
+import asyncio, os, subprocess, sys, time
 import pytest
 
 @pytest.mark.asyncio
@@ -16,8 +17,32 @@ async def test_blocks_the_loop():
     time.sleep(1.5)
 
 @pytest.mark.asyncio
+async def test_spins_the_loop():
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        pass
+
+@pytest.mark.asyncio
 async def test_awaits():
     await asyncio.sleep(0.2)
+
+HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.nice(-20)\\nwhile True: pass"
+
+@pytest.mark.asyncio
+async def test_starved_of_cpu():  # waiting 2 s for a CPU (a hog at nice -20 on the loop's one CPU) is not blocking
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(min(cpus))])
+    os.nice(19)
+    try:
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            await asyncio.sleep(0.05)
+    finally:
+        hog.kill()
+        hog.wait()
+        os.nice(-19)
+        os.sched_setaffinity(0, cpus)
 
 def test_sync_tests_are_left_alone():
     time.sleep(1.2)
@@ -31,6 +56,11 @@ def test_an_async_test_that_blocks_the_loop_fails_on_both_loops(tmp_path: Path) 
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rE", str(tmp_path)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     report = out.stdout + out.stderr
-    assert "5 passed, 2 errors" in report, report  # the blocking tests ran, then failed at teardown
-    assert report.count("the event loop was blocked") >= 2, report
-    assert "test_blocks_the_loop[asyncio]" in report and "test_blocks_the_loop[uvloop]" in report
+    assert "9 passed, 4 errors" in report, report  # the blocking tests ran, then failed at teardown
+    assert report.count("the event loop was blocked") >= 4, report
+    for test in ("test_blocks_the_loop", "test_spins_the_loop"):  # sleeping in a call and running both count
+        assert f"{test}[asyncio]" in report and f"{test}[uvloop]" in report, report
+    assert "ERROR test_probe.py::test_starved_of_cpu" not in report, report
+    assert report.count('test_probe.py", line 7, in test_blocks_the_loop') >= 2, report  # it names where
+    assert "ERROR test_probe.py::test_starved_of_cpu" not in report, report
+    assert report.count('test_probe.py", line 7, in test_blocks_the_loop') >= 2, report  # it names where

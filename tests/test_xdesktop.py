@@ -206,3 +206,95 @@ async def test_a_module_the_agent_plants_never_builds_the_tree_the_judge_reads(d
     assert status == 200 and site["name"] == "site-packages"
     assert sorted(child["name"] for child in site["children"]) == [
         "json.py", "pyatspi.py", "sitecustomize.py", "usercustomize.py"]
+
+
+# the image's other applications (the osworld tasks use Calc, Writer, gedit, the terminal, Chromium and VLC): each
+# is launched as OSWorld's tasks launch it and must show its window
+OTHER_APPS = [(["gimp"], "GNU Image Manipulation Program"), (["thunderbird"], "Thunderbird"),
+              (["libreoffice", "--impress"], "Impress"), (["xterm"], "xterm")]
+
+
+@pytest.mark.slow
+async def test_every_other_application_of_the_image_opens_its_window(desktop: Workspace) -> None:
+    for command, title in OTHER_APPS:
+        status, _, body = await vm(desktop, "POST", "/setup/launch", json={"command": command})
+        assert status == 200, body
+        status, verified = await vm_json(desktop, "POST", "/execute_with_verification",
+                                         json={"command": ["true"], "verification": {"window_exists": title},
+                                               "max_wait_time": 120, "check_interval": 1})
+        assert status == 200 and verified["verification"] == "passed", (command, verified)
+
+
+def run_processes(run_id: str) -> list[tuple[int, str]]:
+    """(pid, program) of every process in run ``run_id``'s cgroups: hosts, desktop programs, applications."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            groups = (entry / "cgroup").read_text()
+            program = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if f"bunshin-{run_id}" in groups and program:
+            found.append((int(entry.name), program))
+    return found
+
+
+async def test_an_engine_killed_leaves_no_desktop_program(state_dir: Path, request: pytest.FixtureRequest) -> None:
+    """kill -9 of an engine whose desktop runs Xvfb, D-Bus, AT-SPI, LibreOffice and gedit: every program of it dies
+    with its host, and the next start removes the rest (cgroups, mounts, directories)."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from .conftest import leftovers
+    from .quiet import settled
+
+    if "uvloop" in request.node.name:
+        pytest.skip("one pass is enough")
+    victim = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.desktop_victim", str(state_dir),
+                                                  stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    try:
+        assert victim.stdout is not None
+        _, run_id, run_dir_text = (await asyncio.wait_for(victim.stdout.readline(), 120)).decode().split()
+        assert (await asyncio.wait_for(victim.stdout.readline(), 240)).decode().strip() == "up"
+        programs = {program.rsplit("/", 1)[-1] for _, program in run_processes(run_id)}
+        assert {"Xvfb", "dbus-daemon", "openbox", "soffice.bin", "gedit"} <= programs, programs
+        assert any("at-spi" in p for p in programs), programs
+    finally:
+        victim.kill()
+        await victim.wait()
+    assert await settled(lambda: run_processes(run_id), 20) == []  # every program died with its host
+    rt = WorkspaceRuntime(state_dir=state_dir)
+    await rt.start()  # and the next start cleans the rest of the run
+    try:
+        assert leftovers(run_id, Path(run_dir_text), ignore=frozenset({rt.nursery.pid})) == []
+    finally:
+        await rt.close()
+
+
+async def test_the_agent_reaches_its_own_display_and_bus_but_not_the_hosts(desktop: Workspace) -> None:
+    """A display and a bus of the host (an abstract X socket, a path socket under /run) are out of the agent's
+    reach: the abstract name space is the workspace's network namespace's, /run is the workspace's own."""
+    import socket
+
+    probe = ("import socket\n"
+             "for name in ('\\0/tmp/.X11-unix/X0', '\\0/tmp/.X11-unix/X7', '/run/bunshin-host-bus'):\n"
+             "    s = socket.socket(socket.AF_UNIX)\n"
+             "    try:\n        s.connect(name); print('reached')\n"
+             "    except OSError as e: print('refused', e.errno)\n")
+    bus_path = "/run/bunshin-host-bus"
+    with socket.socket(socket.AF_UNIX) as display, socket.socket(socket.AF_UNIX) as bus:
+        display.bind("\0/tmp/.X11-unix/X7")
+        display.listen()
+        bus.bind(bus_path)
+        bus.listen()
+        try:
+            status, out = await vm_json(desktop, "POST", "/execute", json={"command": ["python3", "-c", probe]})
+        finally:
+            os.unlink(bus_path)
+    assert status == 200, out
+    own, host_display, host_bus = out["output"].split("\n")[:3]
+    assert own == "reached"  # its own Xvfb
+    assert host_display.startswith("refused") and host_bus.startswith("refused"), out

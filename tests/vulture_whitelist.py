@@ -25,6 +25,7 @@ _.to_call  # ToolSchema: a Struct built in Python as its normal-form call (docs/
 # -- named by a string: registry entries and AppSpec targets ---------------------------------------------------
 _.WebShopSuite  # envs/suites/registry.py
 _.DesktopSuite  # envs/suites/registry.py
+_.OSWorldSuite  # envs/suites/registry.py
 _.ShopApp  # envs/webshop/suite.py SHOP_APP
 _.HeapApp  # engine/commands/demo.py and the fork benchmark's AppSpec target
 _.XDesktopApp  # envs/xdesktop/app.py: the AppSpec target of a workspace with a real X desktop (docs/osworld.md)
@@ -48,7 +49,7 @@ _.log_message
 _.get_ip_address  # engine/adapters/osworld_env.py RuntimeProvider
 _.save_state
 _.revert_to_snapshot
-_.checked_and_cleaned  # engine/adapters/osworld_env.py RuntimeVMManager
+_.checked_and_cleaned  # envs/xdesktop/osworld_judge.py NoVMManager
 _.initialize_registry
 _.add_vm
 _.delete_vm

@@ -13,7 +13,7 @@ charges, sampled every second for ``--window`` seconds once all are up (peak, me
 and KSM's ``pages_sharing`` at the end. A cgroup's charge counts a shared file page (the image's libraries) in
 the first cgroup that read it only: PSS is the fair per-desktop figure, the summed charge the machine's.
 Leaves out: forks (a desktop cannot be forked live), the HTTP
-hop of OSWorld's controllers (``engine/adapters/osworld_http.py``: the tool call is what it wraps).
+hop of OSWorld's controllers (``envs/xdesktop/http.py``: the tool call is what it wraps).
 Must never: tune what it measures; leave a workspace behind.
 """
 

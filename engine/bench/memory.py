@@ -53,7 +53,10 @@ class Config:
 
     @property
     def name(self) -> str:
-        return f"{self.backend}+ksm" if self.ksm else self.backend
+        """The backend, or ``setup-pool`` for a suite that does not fork live (every sample's workspace is made
+        and set up on its own: the backend forks nothing); ``+ksm`` with KSM."""
+        how = self.backend if self.suite.forks_live else "setup-pool"
+        return f"{how}+ksm" if self.ksm else how
 
 
 async def measure(config: Config, rollouts: int, group_size: int, time_scale: float, seed: int,

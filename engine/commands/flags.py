@@ -79,6 +79,10 @@ def suite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog-size", type=int, help="web shop: products in the catalog (default 20000)")
     parser.add_argument("--set", type=knob, action="append", default=[], metavar="KNOB=VALUE",
                         help="another keyword argument of the suite (e.g. image_px=48, cache_mb=120)")
+    parser.add_argument("--files-cache", type=Path, metavar="DIR", default=None,
+                        help="osworld: the files OSWorld tasks download, by URL (default $BUNSHIN_FILES_CACHE or "
+                             "/var/lib/bunshin/files; fill it with `bunshin files add URL FILE`); a task whose "
+                             "file is missing is refused naming the URL")
     browser_argument(parser)
 
 
@@ -128,8 +132,15 @@ def make_suite(args: argparse.Namespace) -> Suite:
         if knobs.get("browser", browser) != browser:
             raise CommandError(f"--browser {browser} and --set browser={knobs['browser']} disagree")
         knobs["browser"] = browser
+    files_cache = getattr(args, "files_cache", None)
+    if files_cache is not None:
+        if args.suite != "osworld":
+            raise CommandError(f"--files-cache: suite {args.suite} downloads nothing (an osworld flag)")
+        knobs["files_cache"] = str(files_cache)
     ksm = getattr(args, "ksm", None)
-    if ksm is not None:
+    if ksm is not None and args.suite == "osworld":
+        knobs["ksm"] = ksm == "on"
+    elif ksm is not None:
         if not has_browser(args.suite):
             raise CommandError(f"--ksm {ksm}: suite {args.suite} has no browser (a web shop flag)")
         if ksm == "on" and knobs.get("browser", "text") == "text":

@@ -88,7 +88,7 @@ def _recipe(name: str) -> ImageRecipe:
 # the configurations of the embedded suites whose workspaces stand on different images
 SUITE_VARIANTS: list[tuple[str, dict[str, object], str]] = [
     ("webshop", {}, "text browser"), ("webshop", {"browser": "chromium"}, "--browser chromium"),
-    ("desktop", {}, "drawn desktop"),
+    ("desktop", {}, "drawn desktop"), ("osworld", {}, "real desktop"),
 ]
 
 

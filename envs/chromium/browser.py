@@ -23,7 +23,7 @@ from ..app import AppContext
 from ..errors import EnvsError
 from ..runtime.app_processes import AdoptedProcess
 from . import axtree
-from .cdp import CdpError, CdpPipe, CdpTimeout
+from .cdp import BrowserGone, CdpError, CdpPipe, CdpTimeout
 from .keys import char_events, key_events
 
 BINARY = "/usr/lib/chromium/chromium"  # Debian's build; /usr/bin/chromium is a wrapper script reading /etc/chromium.d
@@ -437,10 +437,15 @@ class Chromium:
         """After input: if the page started a navigation, wait until the new page has loaded."""
         tab = tab or self.tab
         # a round trip through the page's main thread: a form the input submitted has asked to navigate by then (a
-        # page busy in a script does not answer: what it started is seen below, and the next call bounds it)
-        with contextlib.suppress(CdpTimeout):
+        # page busy in a script does not answer: what it started is seen below, and the next call bounds it; a page
+        # that navigated while the probe was on its way answers "Inspected target navigated or closed": the same)
+        try:
             self.cdp.call("Runtime.evaluate", {"expression": "0"}, session=tab.session,
                           deadline=min(deadline - STOP_MARGIN_S, time.monotonic() + SETTLE_PROBE_S))
+        except BrowserGone:
+            raise
+        except CdpError:
+            pass
         started = [e for e in self.cdp.take_events("Page.frameRequestedNavigation", tab.session)
                    + self.cdp.take_events("Page.frameStartedLoading", tab.session)
                    if e["params"].get("frameId") == tab.frame_id]

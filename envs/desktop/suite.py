@@ -36,7 +36,7 @@ from ..latency import check_time_scale
 from ..records import AppSpec, Observation, ToolCall
 from ..suites import osworld as ow
 from ..suites.base import ActionError, Refusal, Suite, SuiteTask
-from ..suites.task_dir import load_dir
+from ..suites.task_dir import load_tasks
 from ..suites.tools import check_action_text
 from ..suites.webarena import TaskFileError
 from ..workspace import Workspace
@@ -141,10 +141,7 @@ class DesktopSuite(Suite):
         """Every task under ``tasks_dir``; a file the desktop cannot run raises ``TaskFileError`` naming it, or,
         ``lenient``, is set aside in ``refused()`` with the reason."""
         if self._tasks is None:
-            if self.lenient:
-                self._tasks, self._refused = load_dir(self.tasks_dir, self.task_from_file)
-            else:
-                self._tasks = [self.task_from_file(p) for p in sorted(self.tasks_dir.glob("*/*.json"))]
+            self._tasks, self._refused = load_tasks(self.tasks_dir, self.task_from_file, self.lenient)
         return list(self._tasks)
 
     def refused(self) -> list[Refusal]:

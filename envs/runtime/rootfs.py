@@ -100,6 +100,11 @@ def _mount_dev(target: str) -> None:
     os.mkdir(f"{dev}/shm")
     syscalls.mount("tmpfs", f"{dev}/shm", "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV,
                    "mode=1777,size=64m")
+    # terminals: a devpts instance of the workspace's own (its ptys are not the host's, nor another workspace's)
+    os.mkdir(f"{dev}/pts")
+    syscalls.mount("devpts", f"{dev}/pts", "devpts", syscalls.MS_NOSUID | syscalls.MS_NOEXEC,
+                   "newinstance,ptmxmode=0666,mode=0620,max=256")
+    os.symlink("pts/ptmx", f"{dev}/ptmx")
 
 
 def mount_proc() -> None:

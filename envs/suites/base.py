@@ -62,6 +62,13 @@ class Suite(abc.ABC):
     # JSON-able dict: part of the prefix cache's and the selector's namespaces and of the benchmarks' JSON. A suite
     # with knobs assigns its own dict in ``__init__``; this shared default (none) is never mutated.
     knobs: dict[str, Any] = {}
+    # Whether a workspace of this suite forks live (the engine forks a group's base for each sample). False: its
+    # application cannot be carried by a fork (a real desktop), so every sample and every check attempt gets a
+    # workspace of its own, made from ``app(task)`` and set up by ``start``.
+    forks_live: ClassVar[bool] = True
+    # The least time a task's setup may need (the engine's set-up deadline is at least this): a real desktop starts
+    # applications, slower on a loaded machine. None: the engine's own deadline.
+    setup_timeout_s: ClassVar[float | None] = None
 
     @abc.abstractmethod
     def tasks(self) -> list[SuiteTask]:
@@ -98,6 +105,12 @@ class Suite(abc.ABC):
     def null_action(self) -> ToolCall:
         """Giving up at once with an empty answer (what ``suite check``'s null attempt does)."""
 
+    def done_action(self) -> ToolCall | None:
+        """Declaring the task done at once (``suite check`` plays it on a task without a reference solution, so that
+        the task's evaluation runs, not only its set-up: the null attempt's giving up may short-cut it). Default:
+        None (the check then runs the null attempt only)."""
+        return None
+
     def nondeterministic(self, call: ToolCall) -> bool:
         """Whether ``call``'s effect may differ between two executions from one state (the prefix tree then never
         caches it or anything after it). Default: none is declared; a call whose replay answers differently is
@@ -120,6 +133,11 @@ class Suite(abc.ABC):
     @abc.abstractmethod
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         """Score the episode that ended with ``final``, reading the workspace's state (0.0 .. 1.0)."""
+
+    async def judge_all(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> dict[str, float]:
+        """The episode's score by every judge the suite has, by name (``bunshin suite check`` fails a task whose
+        judges disagree). Default: one judge, ``evaluate``."""
+        return {self.name: await self.evaluate(ws, task, final)}
 
 
 def observation_text(obs: Observation) -> str:

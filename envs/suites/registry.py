@@ -17,6 +17,7 @@ from .tools import ToolSchema
 SUITES = {
     "webshop": "bunshin.envs.webshop.suite:WebShopSuite",
     "desktop": "bunshin.envs.desktop.suite:DesktopSuite",
+    "osworld": "bunshin.envs.xdesktop.suite:OSWorldSuite",
 }
 
 

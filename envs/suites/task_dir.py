@@ -54,3 +54,12 @@ def load_dir(directory: str | Path, load: Callable[[Path], SuiteTask]) -> tuple[
         seen[task.id] = str(path)
         tasks.append(task)
     return tasks, refused
+
+
+def load_tasks(directory: Path, load: Callable[[Path], SuiteTask], lenient: bool) -> tuple[list[SuiteTask],
+                                                                                           list[Refusal]]:
+    """A suite's tasks under ``directory``: ``lenient`` (a user's directory), every ``*.json`` recursively with the
+    refused files set aside (``load_dir``); else its own ``<template>/<id>.json`` files, a refused one raising."""
+    if lenient:
+        return load_dir(directory, load)
+    return [load(p) for p in sorted(Path(directory).glob("*/*.json"))], []

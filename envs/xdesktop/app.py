@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ A11Y_TIMEOUT_S = 60.0
 CHROME = ("#!/bin/sh\nexec /usr/bin/chromium --no-sandbox --no-first-run --no-default-browser-check "
           "--password-store=basic --disable-dev-shm-usage \"$@\"\n")
 MAX_TREE = 32 << 20
+# OSWorld's PythonController runs an action so (``python -c "import pyautogui; import time; ..."``): the same prefix
+ACTION_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
+ACTION_TIMEOUT_S = 120.0
+MAX_WAIT_S = 60.0
+OBSERVATIONS = ("screenshot", "a11y_tree")
 
 
 class XDesktopApp(WorkspaceApp):
@@ -41,12 +47,17 @@ class XDesktopApp(WorkspaceApp):
     KSM can share them with another desktop's. Give the ``AppSpec`` ``merge_memory=True`` too, so that the run
     tunes ksmd while it lives (``desktop_app``)."""
 
-    def __init__(self, screen: tuple[int, int] | list[int] = SCREEN, ksm: bool = False):
+    def __init__(self, screen: tuple[int, int] | list[int] = SCREEN, ksm: bool = False,
+                 observe: tuple[str, ...] | list[str] = OBSERVATIONS):
         width, height = (int(v) for v in screen)
         if not (320 <= width <= 7680 and 240 <= height <= 4320):
             raise ValueError(f"screen {width}x{height}: out of 320x240..7680x4320")
+        unknown = sorted(set(observe) - set(OBSERVATIONS))
+        if unknown:
+            raise ValueError(f"observe {unknown}: the desktop observes {list(OBSERVATIONS)}")
         self.screen = (width, height)
         self.ksm = bool(ksm)
+        self.observe = tuple(observe)
         self.session: DesktopSession | None = None
 
     def setup(self, ctx: AppContext) -> None:
@@ -67,7 +78,46 @@ class XDesktopApp(WorkspaceApp):
         self.session.start()
 
     def tools(self) -> dict[str, Tool]:
-        return {"vm": self._vm}
+        """``vm`` (the engine's and the judges', never offered to an agent) and the agent's tools in OSWorld's
+        ``pyautogui`` action space: ``pyautogui`` (Python code, run as OSWorld's controller runs it), ``WAIT``
+        (seconds) and ``observe``; each answers with the observation (``observe``: screenshot PNG in
+        ``data["screenshot"]``, the accessibility tree in OSWorld's XML as the output)."""
+        return {"vm": self._vm, "pyautogui": self._pyautogui, "WAIT": self._wait, "observe": self._observed}
+
+    def _pyautogui(self, args: dict[str, Any]) -> Observation:
+        code = args.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise ToolError("pyautogui: 'code' must be Python code (pyautogui calls)")
+        done = self.guest.run(["python3", "-c", ACTION_PREFIX + code], shell=False, timeout_s=ACTION_TIMEOUT_S)
+        obs = self._observation()
+        if done.timed_out:
+            return msgspec.structs.replace(obs, error=f"the action ran over {ACTION_TIMEOUT_S:g} s and was stopped")
+        if done.returncode != 0:
+            return msgspec.structs.replace(obs, exit_code=done.returncode,
+                                           error=f"the action failed: {done.stderr.strip()[-1500:]}")
+        return msgspec.structs.replace(obs, exit_code=0)
+
+    def _wait(self, args: dict[str, Any]) -> Observation:
+        seconds = args.get("seconds", 1.0)
+        if not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_WAIT_S:
+            raise ToolError(f"WAIT: seconds must be a number in 0..{MAX_WAIT_S:g}")
+        time.sleep(float(seconds))
+        return self._observation()
+
+    def _observed(self, args: dict[str, Any]) -> Observation:
+        return self._observation()
+
+    def _observation(self) -> Observation:
+        data: dict[str, Any] = {}
+        output = ""
+        try:
+            if "screenshot" in self.observe:
+                data["screenshot"] = self.api.screenshot(VmRequest(method="GET", path="/screenshot")).body
+            if "a11y_tree" in self.observe:
+                output = self._a11y_tree()
+        except GuestError as exc:
+            raise ToolError(f"observing the desktop: {exc}") from exc
+        return Observation(output=output, data=data)
 
     def _vm(self, args: dict[str, Any]) -> Observation:
         """One request to OSWorld's VM API: ``args`` is a ``VmRequest`` (method, path, json, form, files)."""
@@ -98,7 +148,9 @@ class XDesktopApp(WorkspaceApp):
             self.session = None
 
 
-def desktop_app(*, ksm: bool = False, screen: tuple[int, int] = SCREEN) -> AppSpec:
+def desktop_app(*, ksm: bool = False, screen: tuple[int, int] = SCREEN,
+                observe: tuple[str, ...] | list[str] = OBSERVATIONS) -> AppSpec:
     """The ``AppSpec`` of a desktop workspace on the image ``desktop`` (with ``ksm``, its programs opt into KSM and
-    the run tunes ksmd while it lives)."""
-    return AppSpec(target=TARGET, kwargs={"ksm": ksm, "screen": list(screen)}, merge_memory=ksm, image="desktop")
+    the run tunes ksmd while it lives; ``observe``: what each agent tool answers with)."""
+    return AppSpec(target=TARGET, kwargs={"ksm": ksm, "screen": list(screen), "observe": list(observe)},
+                   merge_memory=ksm, image="desktop")

@@ -2,8 +2,9 @@
 
 Owns: starting them as application processes (as the agent user, each the PID 1 of its own PID namespace, dying
 with the host, never killed by an agent command's timeout), waiting until each answers, the environment every
-desktop program and agent command of the session gets (``ENV``), and stopping them. AT-SPI is started by the
-session bus on an app's first request (D-Bus activation), under the bus's process.
+desktop program and agent command of the session gets (``ENV``), the home as OSWorld's VM has it (``/home/user``
+the same directory as the agent's home; VLC's configuration file written by VLC), and stopping them. AT-SPI is
+started by the session bus on an app's first request (D-Bus activation), under the bus's process.
 Why abstract sockets: the display (``@/tmp/.X11-unix/X0``) and the bus (``@bunshin-session-bus``) are reached
 through the workspace's network namespace, whatever mount namespace a program has; the accessibility bus's socket
 is under XDG_RUNTIME_DIR, a directory of the workspace's own files that every program sees.
@@ -21,6 +22,8 @@ from typing import Any
 
 from ..app import AppContext, ToolError
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
+
+OSWORLD_HOME = "/home/user"  # the home of OSWorld's VM user, which its task files write out in full
 
 SCREEN = (1920, 1080)
 DISPLAY = ":0"
@@ -65,6 +68,8 @@ class DesktopSession:
         os.chown(RUNTIME_DIR, AGENT_UID, AGENT_GID)
         os.makedirs(f"{AGENT_HOME}/Desktop", exist_ok=True)
         os.chown(f"{AGENT_HOME}/Desktop", AGENT_UID, AGENT_GID)
+        if not os.path.lexists(OSWORLD_HOME):  # OSWorld's tasks name the VM user's home: the same directory here
+            os.symlink(AGENT_HOME, OSWORLD_HOME)
         width, height = self.screen
         self._launch("xvfb", ["/usr/bin/Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
                               "-dpi", "96", "+extension", "RANDR"])
@@ -76,6 +81,12 @@ class DesktopSession:
         starts = 1
         while True:
             if self.ctx.run_agent(session_exports() + "wmctrl -m >/dev/null 2>&1", 5).exit_code == 0:
+                # VLC's configuration file, as a VM where VLC has run has it (OSWorld's vlc_config getter reads
+                # it): written in the background by VLC itself, every option at its default but the first-run
+                # privacy question, answered (as in OSWorld's VM)
+                self.ctx.run_agent(session_exports() + "cd ~; (setsid sh -c 'vlc -I dummy --no-video "
+                                   "--reset-config vlc://quit; sed -i \"s/^#qt-privacy-ask=1$/qt-privacy-ask=0/\" "
+                                   ".config/vlc/vlcrc' </dev/null >/dev/null 2>&1 &)", 10)
                 return
             if openbox.proc.poll() is not None and starts < 3:  # it gave up on a display still settling: again
                 self.processes.remove(openbox)

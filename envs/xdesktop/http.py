@@ -3,7 +3,8 @@
 Owns: ``VmHttpServer``, an HTTP server on the engine's loopback, a port of its own per workspace, that turns each request into the
 workspace's ``vm`` tool call (``envs/xdesktop/vm_api.py``) under that route's deadline, and the answer back
 into HTTP (status, content type, an attachment's name); request bodies bounded (``MAX_REQUEST``); and
-``PortForward``, a loopback port carried to a port inside the workspace (Chromium's DevTools, VLC's interface).
+``PortForward``, a loopback port carried to a port inside the workspace (Chromium's DevTools, VLC's interface);
+``Endpoint``, the three together as OSWorld addresses a VM (``ip:server:chromium:vnc:vlc``).
 Why aiohttp: already the project's HTTP library (a dependency of the engine), it parses JSON, forms and multipart
 uploads as OSWorld's Flask server does; the controllers on the other side are plain ``requests``.
 Must never: listen beyond 127.0.0.1 (agents cannot reach it: a workspace's network namespace has only its own
@@ -19,10 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
-from bunshin.envs import ToolCall, Workspace
-from bunshin.envs.errors import EnvsError
-from bunshin.envs.runtime.host_workspace import HostWorkspace
-from bunshin.envs.xdesktop.vm_api import call_timeout_s
+from ..errors import EnvsError
+from ..records import ToolCall
+from ..runtime.host_workspace import HostWorkspace
+from ..workspace import Workspace
+from .vm_api import call_timeout_s
 
 MAX_REQUEST = 300 << 20  # the largest upload the VM API takes (256 MiB) and its form
 
@@ -163,3 +165,45 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
         if sink.can_write_eof():
             with contextlib.suppress(OSError):
                 sink.write_eof()
+
+
+UNSERVED_PORT = 9  # VNC is not served: OSWorld's address needs a number (discard)
+CHROMIUM_PORT, VLC_PORT = 9222, 8080  # inside the workspace, as in OSWorld's VM
+
+
+class Endpoint:
+    """``async with Endpoint(ws) as ep: ep.address``: the workspace's VM API, Chromium's DevTools and VLC's HTTP
+    interface on the engine's loopback, named as OSWorld's providers name a VM
+    (``"127.0.0.1:<server>:<chromium>:<vnc>:<vlc>"``, what ``DesktopEnv`` splits)."""
+
+    def __init__(self, ws: HostWorkspace):
+        self.ws = ws
+        self.server = VmHttpServer(ws)
+        self.forwards = {port: PortForward(ws, port) for port in (CHROMIUM_PORT, VLC_PORT)}
+
+    async def __aenter__(self) -> Endpoint:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> str:
+        try:
+            await self.server.start()
+            for forward in self.forwards.values():
+                await forward.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self.address
+
+    async def close(self) -> None:
+        for forward in self.forwards.values():
+            await forward.close()
+        await self.server.close()
+
+    @property
+    def address(self) -> str:
+        return (f"127.0.0.1:{self.server.port}:{self.forwards[CHROMIUM_PORT].port}:{UNSERVED_PORT}:"
+                f"{self.forwards[VLC_PORT].port}")
