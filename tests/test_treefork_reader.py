@@ -158,6 +158,15 @@ REFUSALS = {
         "c.mmap(None, 4096, 3, 1, f, ctypes.c_long(0)); os.close(f); os.unlink(p)", "mapping",
         "shared writable mapping of a file"),
     "differing real and effective ids": ("os.setresuid(0, 65534, 0)", "pid 1", "real, effective and saved"),
+    "a netlink socket with a reply in flight": (
+        "import socket, struct; s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); s.bind((0, 0)); "
+        "s.send(struct.pack('=IHHII', 32, 18, 0x301, 1, 0) + bytes(16))", "fd", "messages in flight"),
+    "an orphan in a session whose leader is alive": (
+        "r, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    b = os.fork()\n    if b == 0:\n"
+        "        if os.fork() == 0:\n            n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.write(w, b'x')\n"
+        "            while True: time.sleep(1)\n        os._exit(0)\n    os.waitpid(b, 0)\n"
+        "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 4", "its leader is alive"),
 }
 
 
@@ -235,3 +244,27 @@ def test_unix_sockets_inside_the_tree_and_a_tcp_listener_are_planned(tree: list[
     for f in plan.files:
         if f.kind == "unix_listen" and f.path.startswith("/tmp/"):
             os.unlink(f.path)
+
+
+def test_a_session_whose_leader_is_gone_gets_a_placeholder_that_makes_its_orphans(tree: list[Tree]) -> None:
+    """A daemon's double fork (Chromium's crashpad does it): the daemon is pid 1's child in a session numbered by
+    the gone intermediate. The plan makes that session with a placeholder of that pid, made by pid 1 before it."""
+    code = ("r, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        os.close(r); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.write(w, b'x'); os.close(w)\n"
+            "        while True: time.sleep(1)\n    os._exit(0)\n"
+            "os.waitpid(pid, 0); os.close(w); os.read(r, 1); os.close(r)")
+    t = python_tree(tree, code)
+    plan = read_tree(t.init, hostname="box")
+    assert [(p.pid, p.ppid, p.sid, p.placeholder, p.maker) for p in plan.processes] == \
+        [(1, 0, 0, False, 0), (2, 1, 2, True, 0), (3, 1, 2, False, 2)]
+    text = render(plan)
+    assert "placeholder 2\n" in text and "maker 3 2\n" in text
+    assert text.index("proc 2 0 1 2 2 17") < text.index("proc 3 ")
+
+
+def test_a_netlink_socket_is_planned_with_its_protocol_port_and_groups(tree: list[Tree]) -> None:
+    t = python_tree(tree, "import socket\ns = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); s.bind((0, 1))")
+    plan = read_tree(t.init, hostname="box")
+    [nl] = [f for f in plan.files if f.kind == "netlink"]
+    assert (nl.count, nl.protocol, nl.groups) == (socket.SOCK_RAW, 0, 1) and nl.port != 0
+    assert f"obj {nl.oid} netlink {int(socket.SOCK_RAW)} 0 {nl.port} 1\n" in render(plan)

@@ -18,7 +18,11 @@
  * credentials, starts a thread per extra source thread (each keeps its tid and
  * parks in BUNSHIN_IOC_GRAFT_THREAD) and grafts its source (BUNSHIN_IOC_GRAFT:
  * close its own descriptors, hold until released, remap shared memory). A
- * zombie's helper exits at once with the zombie's status instead. Each helper
+ * zombie's helper exits at once with the zombie's status instead. A session
+ * whose leader is gone from the source is started by a placeholder with the
+ * leader's pid: it calls setsid(), makes the session's members with
+ * CLONE_PARENT (they are its parent's children, as in the source) and exits;
+ * its parent's helper reaps it before grafting. Each helper
  * reports a failure on a status pipe of its own; its hang-up before its graft
  * means it died. BUNSHIN_TREEFORK_FAULT kills a named step (tests).
  *
@@ -55,6 +59,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <linux/netlink.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <stddef.h>
@@ -72,7 +77,7 @@
 #define MAX_LINE	8192
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
-		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN };
+		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK };
 
 struct obj {
 	enum obj_kind kind;
@@ -86,7 +91,8 @@ struct obj {
 	unsigned int seals;
 	char *path;		/* OBJ_FILE, OBJ_DIR: path in the clone's root; OBJ_MEMFD/OBJ_SHM: name */
 	int type;		/* sockets: SOCK_STREAM, ...; OBJ_TCP_LISTEN: the port */
-	int family;		/* OBJ_TCP_LISTEN */
+	int family;		/* OBJ_TCP_LISTEN; OBJ_NETLINK: the protocol */
+	uint32_t nl_port, nl_groups;	/* OBJ_NETLINK: its port id and multicast groups */
 	int listener;		/* OBJ_ACCEPTED: the listener's object */
 	pid_t src_pid;		/* a socket pair's end: the source process and descriptor its bytes come from */
 	int src_fd;
@@ -111,6 +117,8 @@ struct proc {
 	pid_t pid, ppid, sid, pgid;	/* in the source's pid namespace: the clone's */
 	pid_t host_pid;			/* the source's, in the builder's pid namespace */
 	int zombie;			/* made, then exits at once with exit_code (a wait status) */
+	int placeholder;		/* a gone session leader: starts the session, makes its members, exits */
+	pid_t maker;			/* the placeholder that makes it (with CLONE_PARENT), or 0: its parent */
 	int exit_code;
 	char *comm;			/* a zombie's name (a grafted process takes its source's) */
 	int exit_signal;
@@ -335,6 +343,11 @@ static void parse_obj(char *line)
 		if (sscanf(line, "obj %*d tcp_listen %d %d", &o->family, &o->type) != 2)
 			die("plan: bad tcp_listen: %s", line);
 		o->path = rest(line, 5);
+	} else if (!strcmp(kind, "netlink")) {
+		o->kind = OBJ_NETLINK;
+		if (sscanf(line, "obj %*d netlink %d %d %u %u", &o->type, &o->family, &o->nl_port,
+			   &o->nl_groups) != 4)
+			die("plan: bad netlink: %s", line);
 	} else {
 		die("plan: unknown object kind %s", kind);
 	}
@@ -388,6 +401,14 @@ static void parse_line(char *line)
 		p->zombie = 1;
 		p->exit_code = a;
 		p->comm = rest(line, 3);
+	} else if (!strncmp(line, "placeholder ", 12)) {
+		if (sscanf(line, "placeholder %d", &pid) != 1)
+			die("plan: bad placeholder: %s", line);
+		proc_of(pid)->placeholder = 1;
+	} else if (!strncmp(line, "maker ", 6)) {
+		if (sscanf(line, "maker %d %d", &pid, &a) != 2 || !proc_of(a)->placeholder)
+			die("plan: bad maker (not a placeholder): %s", line);
+		proc_of(pid)->maker = a;
 	} else if (!strncmp(line, "cwd ", 4)) {
 		sscanf(line, "cwd %d", &pid);
 		proc_of(pid)->cwd = rest(line, 2);
@@ -695,6 +716,18 @@ static void make_obj(int id)
 	case OBJ_TCP_LISTEN:
 		o->fd = tcp_listener(o->family, o->type, o->path);
 		break;
+	case OBJ_NETLINK: {
+		/* in the clone's network namespace, at the source's port id (unique there too) and groups */
+		struct sockaddr_nl addr = { .nl_family = AF_NETLINK, .nl_pid = o->nl_port,
+					    .nl_groups = o->nl_groups };
+
+		o->fd = socket(AF_NETLINK, o->type, o->family);
+		if (o->fd < 0)
+			die("netlink socket of protocol %d", o->family);
+		if ((o->nl_port || o->nl_groups) && bind(o->fd, (struct sockaddr *)&addr, sizeof(addr)))
+			die("binding a netlink socket to port %u groups %#x", o->nl_port, o->nl_groups);
+		break;
+	}
 	}
 	o->fd = high(o->fd);
 	if (o->kind != OBJ_FILE && o->kind != OBJ_DIR && o->flags && fcntl(o->fd, F_SETFL, o->flags))
@@ -931,9 +964,26 @@ static void helper(struct proc *p)
 		}
 		_exit(WEXITSTATUS(p->exit_code));
 	}
-	for (i = 0; i < nprocs; i++)
-		if (procs[i].ppid == p->pid && &procs[i] != p && start_helper(&procs[i], 0) < 0)
+	if (p->placeholder) {
+		/* the session is started: its members are made in it, as its parent's children */
+		for (i = 0; i < nprocs; i++)
+			if (procs[i].maker == p->pid && start_helper(&procs[i], 0) < 0)
+				helper_fail(p, "clone3 of a session member with its pid");
+		_exit(0);
+	}
+	for (i = 0; i < nprocs; i++) {
+		int status;
+		pid_t child;
+
+		if (procs[i].ppid != p->pid || &procs[i] == p || procs[i].maker)
+			continue;
+		child = start_helper(&procs[i], 0);
+		if (child < 0)
 			helper_fail(p, "clone3 of a child with its pid");
+		/* a placeholder is reaped as soon as it has made its session's members */
+		if (procs[i].placeholder && (waitpid(child, &status, __WALL) != child || status))
+			helper_fail(p, "a session placeholder failed");
+	}
 	fault("helper", "children", p->pid, 0);
 
 	for (i = 0; i < p->nfds; i++) {
@@ -1001,9 +1051,10 @@ static void helper(struct proc *p)
 static pid_t start_helper(struct proc *p, int newpid)
 {
 	pid_t tid = p->pid;
+	/* a placeholder's session member is its parent's child (its exit signal is the placeholder's) */
 	struct clone_args args = {
-		.flags = newpid ? CLONE_NEWPID : 0,
-		.exit_signal = p->exit_signal,
+		.flags = (newpid ? CLONE_NEWPID : 0) | (p->maker ? CLONE_PARENT : 0),
+		.exit_signal = p->maker ? 0 : p->exit_signal,
 		.set_tid = (uintptr_t)&tid, .set_tid_size = 1,
 	};
 	pid_t pid = syscall(SYS_clone3, &args, sizeof(args));
@@ -1023,6 +1074,8 @@ static void open_sources(void)
 	for (i = 0; i < nprocs; i++) {
 		struct proc *p = &procs[i];
 
+		if (p->placeholder)
+			continue;	/* nothing of it in the source */
 		p->pidfd = syscall(SYS_pidfd_open, p->host_pid, 0);
 		if (p->pidfd < 0)
 			die("pidfd_open(%d)", p->host_pid);
@@ -1088,10 +1141,11 @@ static int wait_grafted(struct report *r)
 	if (!pfd)
 		die("out of memory");
 	for (i = 0; i < nprocs; i++) {
-		/* a zombie's helper exits instead of grafting: nothing to wait for */
-		pfd[2 * i] = (struct pollfd){ .fd = procs[i].zombie ? -1 : procs[i].session, .events = POLLIN };
-		pfd[2 * i + 1] = (struct pollfd){ .fd = procs[i].zombie ? -1 : procs[i].status_r,
-						  .events = POLLIN };
+		/* a zombie's or placeholder's helper exits instead of grafting: nothing to wait for */
+		int none = procs[i].zombie || procs[i].placeholder;
+
+		pfd[2 * i] = (struct pollfd){ .fd = none ? -1 : procs[i].session, .events = POLLIN };
+		pfd[2 * i + 1] = (struct pollfd){ .fd = none ? -1 : procs[i].status_r, .events = POLLIN };
 	}
 	for (;;) {
 		if (poll(pfd, 2 * nprocs, -1) < 0 && errno != EINTR)
@@ -1116,7 +1170,7 @@ static int wait_grafted(struct report *r)
 				snprintf(r->what, sizeof(r->what), "its graft failed");
 				return EPROTO;
 			}
-			if (session & POLLIN || procs[i].zombie) {
+			if (session & POLLIN || procs[i].zombie || procs[i].placeholder) {
 				done++;
 				pfd[2 * i + 1].fd = -1;	/* its pipe closes late, and means nothing now */
 			} else if (status & (POLLHUP | POLLERR)) {
@@ -1188,13 +1242,14 @@ int main(void)
 			return 1;
 		}
 		for (i = 0; i < nprocs; i++)
-			if (ioctl(procs[i].session, BUNSHIN_IOC_RELEASE, 0))
+			if (procs[i].session >= 0 && ioctl(procs[i].session, BUNSHIN_IOC_RELEASE, 0))
 				die("BUNSHIN_IOC_RELEASE");
 		printf("released %.3f\n", (now_ns() - started_ns) / 1e6);
 		fault("builder", "released", getpid(), procs[0].host_pid);
 	}
 	for (i = 0; i < nprocs; i++)
-		close(procs[i].session);
+		if (procs[i].session >= 0)
+			close(procs[i].session);
 	fclose(stdout);
 	if (waitpid(init, &status, __WALL) != init)
 		return 1;

@@ -6,8 +6,10 @@ listening on a Unix socket at /tmp/srv.sock, on an abstract Unix name and on TCP
   over, several messages in flight at a time (a byte lost, duplicated or reordered in flight is caught);
 - a client, connected to /tmp/srv.sock (an accepted connection): it sends a line a tick and checks the echo.
 
-Every 0.1 s the server rewrites /tmp/sockets.out: "pings P echoes E bad B fresh F". Once /tmp/go exists, the server
-connects afresh to each of its own three listeners and counts in F the ones that answered.
+It also holds a netlink route socket bound to the link group. Every 0.1 s the server rewrites /tmp/sockets.out:
+"pings P echoes E bad B fresh F netlink N". Once /tmp/go exists, the server connects afresh to each of its own three
+listeners and counts in F the ones that answered, and asks its netlink socket for the links of its network namespace,
+counting in N the links it is told of.
 """
 
 import contextlib
@@ -87,7 +89,11 @@ def main() -> None:
         sock.setblocking(False)
         sel.register(sock, selectors.EVENT_READ, "listen")
     sel.register(ours, selectors.EVENT_READ, "ping")
-    pings = echoes = bad = fresh_ok = 0
+    netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
+    netlink.bind((0, 1))  # RTMGRP_LINK
+    netlink.setblocking(False)
+    sel.register(netlink, selectors.EVENT_READ, "netlink")
+    pings = echoes = bad = fresh_ok = links = 0
     buffered = b""
     last = 0.0
     tried = False
@@ -109,6 +115,13 @@ def main() -> None:
                         bad += 1
                     pings = value
                     sock.sendall(struct.pack("!Q", value + 1))
+            elif key.data == "netlink":
+                data = sock.recv(1 << 16)
+                at = 0
+                while at + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, at)
+                    links += kind == 16  # RTM_NEWLINK
+                    at += max(16, (length + 3) & ~3)
             else:
                 data = sock.recv(4096)
                 if not data:
@@ -120,6 +133,8 @@ def main() -> None:
                 echoes += data.count(b"\n")
         if os.path.exists("/tmp/go") and not tried:
             tried = True
+            # RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, and an empty struct ifinfomsg
+            netlink.send(struct.pack("=IHHII", 32, 18, 0x301, 1, 0) + bytes(16))
             # the fresh connections are served by this very loop: try them from a child
             if os.fork() == 0:
                 ok = fresh(socket.AF_UNIX, "/tmp/srv.sock") + fresh(socket.AF_UNIX, "\0bunshin-treefork-sockets") + \
@@ -133,7 +148,7 @@ def main() -> None:
         if time.monotonic() - last > 0.1:
             last = time.monotonic()
             with open("/tmp/sockets.out.new", "w") as f:
-                f.write(f"pings {pings} echoes {echoes} bad {bad} fresh {fresh_ok}\n")
+                f.write(f"pings {pings} echoes {echoes} bad {bad} fresh {fresh_ok} netlink {links}\n")
             os.rename("/tmp/sockets.out.new", "/tmp/sockets.out")
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(-1, os.WNOHANG)

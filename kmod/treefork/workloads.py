@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -121,7 +122,7 @@ def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path |
     script = (f"echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --uts --ipc "
               f"--root={root} --wd=/tmp /bin/sh -c 'mount -t proc proc /proc && hostname {name} && "
               "exec \"$@\" </dev/null >/dev/null 2>&1' "
-              f"{name} " + " ".join(f"'{a}'" for a in argv))
+              f"{name} " + " ".join(shlex.quote(a) for a in argv))
     log = open(base / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
     launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 close_fds=True, start_new_session=True)
@@ -299,6 +300,7 @@ SHELL_SCRIPT = """
 sleep 1000 &
 echo $! > /tmp/job
 (while true; do echo tick; sleep 0.1; done) | cat >> /tmp/ticks &
+setsid sh -c '(while true; do echo tick >> /tmp/daemon; sleep 0.1; done) & exit 0' &
 while [ ! -e /tmp/go ]; do sleep 0.05; done
 kill $(cat /tmp/job)
 wait $(cat /tmp/job)
@@ -312,8 +314,9 @@ def lines(path: Path) -> int:
 
 
 def workload_shell(args: argparse.Namespace) -> list[str]:
-    """A shell (pid 1) with a background job and a background pipeline: in the clone, ``wait`` reaps the clone's
-    own job, the pipeline runs on into the clone's file, and the source's job lives on."""
+    """A shell (pid 1) with a background job, a background pipeline and a daemon (a double fork: its session's
+    leader is gone, the builder makes the session with a placeholder): in the clone, ``wait`` reaps the clone's own
+    job, the pipeline and the daemon run on into the clone's files, and the source's job lives on."""
     problems: list[str] = []
     with containers() as made:
         source = start("shell", ["/bin/sh", "-c", SHELL_SCRIPT])
@@ -326,6 +329,7 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
         source.freeze(False)
         clone.freeze(False)
         ticks = [lines(source.path("/tmp/ticks")), lines(clone.path("/tmp/ticks"))]
+        daemon = [lines(source.path("/tmp/daemon")), lines(clone.path("/tmp/daemon"))]
         clone.path("/tmp/go").write_text("")
         deadline = time.monotonic() + 30
         while not clone.path("/tmp/result").exists() and time.monotonic() < deadline:
@@ -343,6 +347,10 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
             problems.append(f"the source's job (pid {job} in its namespace) is gone")
         if lines(source.path("/tmp/ticks")) <= ticks[0] or lines(clone.path("/tmp/ticks")) <= ticks[1]:
             problems.append("a background pipeline stopped")
+        if lines(source.path("/tmp/daemon")) <= daemon[0] or lines(clone.path("/tmp/daemon")) <= daemon[1]:
+            problems.append(f"a daemon stopped (lines source {daemon[0]}, clone {daemon[1]} before)")
+        if clone.build and not any(p.placeholder for p in clone.build.plan.processes):
+            problems.append("the daemon's session was not made by a placeholder (is its leader still there?)")
     return problems
 
 
@@ -367,7 +375,7 @@ def workload_sockets(args: argparse.Namespace) -> list[str]:
         source.freeze(True)
         clone, ms = fork(source, "sockets-1", args.builder, made)
         say(f"grafted in {ms:.1f} ms, {len(clone.build.plan.processes) if clone.build else 0} processes, "
-            f"{sum(f.kind.startswith(('socket', 'unix', 'tcp')) for f in clone.build.plan.files) if clone.build else 0}"
+            f"{sum(f.kind.startswith(('socket', 'unix', 'tcp', 'netlink')) for f in clone.build.plan.files) if clone.build else 0}"
             " sockets")
         problems += oracle(source, clone)
         source.freeze(False)
@@ -386,6 +394,8 @@ def workload_sockets(args: argparse.Namespace) -> list[str]:
                 problems.append(f"{name}: a counter arrived out of order ({a})")
         if after[1].get("fresh") != 3:
             problems.append(f"the clone's listeners did not all accept a fresh connection: {after[1]}")
+        if not after[1].get("netlink"):
+            problems.append(f"the clone's netlink socket did not answer a link dump: {after[1]}")
         if after[0].get("fresh"):
             problems.append("the source saw the clone's /tmp/go")
         alive = [_state(p) for p in _tree(clone.init)]

@@ -2,8 +2,8 @@
 observe of itself (the tree and its pids, sessions and groups, threads, credentials, cwd, descriptors with their
 flags, offsets and the bytes in flight in pipes, eventfd counts and epoll interest lists, memory maps with their
 protections and names, memory contents by mapping, mounts; Unix sockets with their type, state, name, queued bytes
-and peer), then check they diverge independently: a byte written
-into a private page of one is never seen by the other, page by page, and a page is shared until written.
+and peer; netlink sockets with their protocol, port id and groups), then check they diverge independently: a byte
+written into a private page of one is never seen by the other, page by page, and a page is shared until written.
 
 Owns: ``describe`` (what a frozen tree shows, normalised so that two faithful copies compare equal: pipes numbered in
 order of appearance, paths inside the tree's root) and ``compare``/``diverge`` (the differences, as sentences).
@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from .procfs import MAPS, inside, last, status, walk
 from .reader import STATELESS_DEVICES
-from .sockets import UnixSocket, unix_sockets
+from .sockets import NetlinkSocket, UnixSocket, netlink_sockets, unix_sockets
 
 FIONREAD = 0x541B
 SKIPPED_MAPPINGS = ("[vvar]", "[vsyscall]")
@@ -58,8 +58,8 @@ def _tee(src: int, dst: int, size: int) -> int:
     return int(n)
 
 
-def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str],
-             unix: dict[int, UnixSocket]) -> tuple[object, ...]:
+def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str], unix: dict[int, UnixSocket],
+             netlink: dict[int, NetlinkSocket]) -> tuple[object, ...]:
     base = f"/proc/{host_pid}"
     link = os.readlink(f"{base}/fd/{num}")
     info = Path(f"{base}/fdinfo/{num}").read_text()
@@ -67,12 +67,15 @@ def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str],
     pos = int(re.search(r"^pos:\s+(\d+)", info, re.M).group(1))  # type: ignore[union-attr]
     extra: object = None
     if link.startswith("socket:["):
-        known = unix.get(int(link[8:-1]))
+        link_inode = link[8:-1]
+        known = unix.get(int(link_inode))
         peer = f"socket:[{known.peer}]" if known is not None and known.peer else ""
         link = names.setdefault(link, f"socket#{len(names)}")
         # a Unix socket: its type, state, name, bytes queued, and its peer (numbered as the tree shows it)
         extra = (known.kind, known.state, known.name, known.queued, names.setdefault(peer, f"socket#{len(names)}")
                  if peer else "") if known is not None else "not a Unix socket"
+        if (nl := netlink.get(int(link_inode))) is not None:  # a netlink socket: protocol, port id, groups, queue
+            extra = ("netlink", nl.protocol, nl.port, nl.groups, nl.queued)
     elif link.startswith("pipe:"):
         link = names.setdefault(link, f"pipe#{len(names)}")
         if flags & os.O_ACCMODE == os.O_RDONLY:
@@ -158,6 +161,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
     root = "" if root == "/" else root
     names: dict[str, str] = {}
     unix = unix_sockets(init_host_pid)
+    netlink = netlink_sockets(init_host_pid)
     view: dict[int, dict[str, object]] = {}
     ns_of: dict[int, int] = {}
     for host_pid in walk(init_host_pid):
@@ -171,7 +175,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
                          "fds": {}, "maps": [], "memory": {}}
             continue
         threads = sorted(last(status(host_pid, int(t))["NSpid"]) for t in os.listdir(f"/proc/{host_pid}/task"))
-        fds = {int(n): _fd_view(host_pid, int(n), root, names, unix)
+        fds = {int(n): _fd_view(host_pid, int(n), root, names, unix, netlink)
                for n in sorted(os.listdir(f"/proc/{host_pid}/fd"), key=int)}
         view[pid] = {
             "ppid": ns_of.get(int(st["PPid"]), 0), "sid": last(st["NSsid"]), "pgid": last(st["NSpgid"]),

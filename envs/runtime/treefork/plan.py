@@ -24,7 +24,8 @@ class OpenFile(msgspec.Struct, frozen=True):
     (the same, but made by connecting to the clone's listener ``peer`` and accepting: it keeps the listener's
     name, as an accepted connection does), ``unix_listen``
     (type ``count``, listening at ``path``, "@name" for an abstract name), ``unix`` (unconnected, bound to ``path``
-    if any), ``tcp_listen`` (family ``peer``, address ``path``, port ``count``).
+    if any), ``tcp_listen`` (family ``peer``, address ``path``, port ``count``), ``netlink`` (type ``count``,
+    ``protocol``, bound to port id ``port`` and multicast ``groups``, made again in the clone's network namespace).
     """
 
     oid: int
@@ -38,6 +39,9 @@ class OpenFile(msgspec.Struct, frozen=True):
     pipe_size: int = 0
     source_pid: int = 0  # in the builder's pid namespace
     source_where: str = ""  # "fd/N" or "map_files/START-END" under /proc/<source_pid>
+    protocol: int = 0  # a netlink socket's
+    port: int = 0
+    groups: int = 0
 
 
 class Watch(msgspec.Struct, frozen=True):
@@ -83,6 +87,11 @@ class ProcessPlan(msgspec.Struct):
     comm: str = ""
     zombie: bool = False  # made, then exits at once with ``exit_code`` (a wait status) for its parent to reap
     exit_code: int = 0
+    # a session whose leader is gone from the source (a daemon's double fork): a placeholder with the session's
+    # number starts it (setsid), makes its members with CLONE_PARENT (so they are its parent's children, as in the
+    # source), exits and is reaped by its parent's helper before the graft; nothing of it is left in the clone
+    placeholder: bool = False
+    maker: int = 0  # the placeholder that makes this process (0: its parent does)
 
 
 class TreePlan(msgspec.Struct):
@@ -133,6 +142,8 @@ def render(plan: TreePlan) -> str:
             out.append(f"obj {f.oid} {f.kind} {f.count} {f.path or '-'}")
         elif f.kind == "tcp_listen":
             out.append(f"obj {f.oid} tcp_listen {f.peer} {f.count} {f.path}")
+        elif f.kind == "netlink":
+            out.append(f"obj {f.oid} netlink {f.count} {f.protocol} {f.port} {f.groups}")
         else:
             raise ValueError(f"unknown open-file kind {f.kind!r}")
         if f.kind not in ("file", "dir") and f.flags:
@@ -143,6 +154,10 @@ def render(plan: TreePlan) -> str:
             out.append(f"groups {p.pid} " + " ".join(map(str, p.groups)))
         if p.zombie:
             out.append(f"zombie {p.pid} {p.exit_code} {p.comm}")
+        if p.placeholder:
+            out.append(f"placeholder {p.pid}")
+        if p.maker:
+            out.append(f"maker {p.pid} {p.maker}")
     for p in plan.processes:
         out.append(f"cwd {p.pid} {p.cwd}")
         out += [f"thread {p.pid} {tid}" for tid in p.threads]

@@ -1,8 +1,8 @@
 """Reading a frozen process tree from /proc into a ``TreePlan``: its processes (pids, parents, sessions, process
 groups, credentials, cwd, rlimits, exit signals; zombies), threads, open files (which descriptors, in which processes,
 are one open file: ``kcmp``), pipes and their bytes in flight, eventfds, epolls and their interest lists, Unix sockets
-(``sockets.py``) and TCP listeners, shared memory (memfd, /dev/shm) and the mappings of it the clone must take from
-its own copy.
+(``sockets.py``), TCP listeners and netlink sockets, shared memory (memfd, /dev/shm) and the mappings of it the clone
+must take from its own copy; a placeholder for each session whose leader is gone.
 
 Owns: ``read_tree`` and the refusals: anything the builder cannot reproduce faithfully raises ``TreeForkRefused``
 naming the process, the descriptor or mapping and what it is. Never a silently different clone.
@@ -25,7 +25,7 @@ from ..syscalls import same_open_file
 from .errors import TreeForkRefused
 from .plan import Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
 from .procfs import MAPS, inside, last, status, walk
-from .sockets import ESTABLISHED, LISTEN, unix_sockets
+from .sockets import ESTABLISHED, LISTEN, NetlinkSocket, netlink_sockets, unix_sockets
 
 RLIM_INFINITY = (1 << 64) - 1
 # the character devices a clone reopens (in its own /dev), by device number: they hold no state
@@ -141,6 +141,7 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
     if not socket_groups:
         return
     diag = unix_sockets(init_host_pid)
+    netlink = netlink_sockets(init_host_pid)
     # listeners first, then named ends of connections (accepted ones), then the rest
     order = sorted(socket_groups, key=lambda i: (0 if i in diag and diag[i].state == LISTEN else
                                                  1 if i in diag and diag[i].name else 2))
@@ -151,7 +152,7 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
             continue
         unix = diag.get(inode)
         if unix is None:
-            _inet_object(reading, group)
+            _other_socket(reading, group, netlink)
             continue
         if unix.state == LISTEN:
             if unix.pending:
@@ -194,8 +195,9 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
             fd.oid = oid
 
 
-def _inet_object(reading: _Reading, group: list[_Fd]) -> None:
-    """A TCP listener (its address, again in the clone's network namespace); any other socket is refused."""
+def _other_socket(reading: _Reading, group: list[_Fd], netlink: dict[int, NetlinkSocket]) -> None:
+    """A TCP listener (its address, again in the clone's network namespace), a netlink socket (its protocol, port
+    id and groups, again in the clone's network namespace, with nothing in flight); any other socket is refused."""
     head = group[0]
     pidfd = os.pidfd_open(head.host_pid)
     try:
@@ -206,14 +208,21 @@ def _inet_object(reading: _Reading, group: list[_Fd]) -> None:
         family, stype = sock.family, sock.type
         listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         address = sock.getsockname() if family in (socket.AF_INET, socket.AF_INET6) else None
+    oid = -1
     if family in (socket.AF_INET, socket.AF_INET6) and stype == socket.SOCK_STREAM and listening and address:
         oid = reading.add(kind="tcp_listen", path=address[0], count=address[1], peer=int(family),
                           flags=head.flags & STATUS_FLAGS)
+    elif family == socket.AF_NETLINK and (known := netlink.get(int(head.link[8:-1]))) is not None:
+        if known.queued:
+            raise TreeForkRefused(head.culprit, f"a netlink socket with {known.queued} bytes of messages in "
+                                                "flight")
+        oid = reading.add(kind="netlink", count=int(stype), protocol=known.protocol, port=known.port,
+                          groups=known.groups, flags=head.flags & STATUS_FLAGS)
+    if oid >= 0:
         for fd in group:
             fd.oid = oid
         return
-    what = {socket.AF_INET: "an IPv4", socket.AF_INET6: "an IPv6", socket.AF_NETLINK: "a netlink"}.get(family,
-                                                                                                     "a")
+    what = {socket.AF_INET: "an IPv4", socket.AF_INET6: "an IPv6"}.get(family, "a")
     raise TreeForkRefused(head.culprit, f"{what} socket other than a TCP listener (not reproduced)")
 
 
@@ -397,7 +406,7 @@ def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
             pgid=last(st["NSpgid"]), exit_signal=int(stat_fields[35]), uid=int(uids[0]), gid=int(gids[0]),
             groups=[int(g) for g in st["Groups"].split()], cwd=cwd, threads=threads, descriptors=[],
             remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"]))
-    _check_sessions(processes)
+    processes = _place_sessions(processes)
     groups = _group_open_files(fds)
     _pipe_objects(reading, groups)
     _socket_objects(reading, groups, init_host_pid)
@@ -412,7 +421,7 @@ def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
         by_pid[fd.host_pid].descriptors.append(Descriptor(num=fd.num, oid=fd.oid,
                                                           cloexec=bool(fd.flags & os.O_CLOEXEC)))
     for p in processes:
-        if not p.zombie:
+        if not p.zombie and not p.placeholder:
             p.remaps = _remaps(reading, p.host_pid, p.pid)
     return TreePlan(processes=processes, files=reading.files, watches=reading.watches,
                     hostname=hostname or _hostname(init_host_pid))
@@ -425,16 +434,34 @@ def _hostname(host_pid: int) -> str:
     raise ValueError(f"pid {host_pid} has a UTS namespace of its own: pass its hostname")
 
 
-def _check_sessions(processes: list[ProcessPlan]) -> None:
-    """Sessions and process groups the builder can make in tree order: a process is its session's leader or in its
-    parent's session; a process group's leader is built before its members, in the same session. A session or group
-    numbered 0 is led from outside the tree's pid namespace: the clone's is the builder's, inherited alike."""
+def _place_sessions(processes: list[ProcessPlan]) -> list[ProcessPlan]:
+    """The processes in an order the builder can make their sessions and process groups in: a process is its
+    session's leader or in its parent's session, or in a session whose leader is gone from the source (a daemon's
+    double fork), which a placeholder process with the session's number starts for it (inserted before it, made by
+    its parent; see ``ProcessPlan.placeholder``). A process group's leader is built before its members, in the same
+    session. A session or group numbered 0 is led from outside the tree's pid namespace: the clone's is the
+    builder's, inherited alike."""
+    taken = {p.pid for p in processes} | {t for p in processes for t in p.threads}
     built: dict[int, ProcessPlan] = {}
+    out: list[ProcessPlan] = []
     for p in processes:
         parent = built.get(p.ppid)
         culprit = f"pid {p.pid} ({p.comm})"
-        if p.sid != p.pid and parent is not None and parent.sid != p.sid:
-            raise TreeForkRefused(culprit, f"in session {p.sid}, neither its own nor its parent's ({parent.sid})")
+        if p.sid not in (0, p.pid) and parent is not None and parent.sid != p.sid:
+            holder = built.get(p.sid)
+            if (holder is None and p.sid in taken) or (holder is not None and not holder.placeholder):
+                raise TreeForkRefused(culprit, f"in session {p.sid}, neither its own nor its parent's "
+                                               f"({parent.sid}), and its leader is alive")
+            if holder is None:
+                holder = ProcessPlan(pid=p.sid, host_pid=0, ppid=p.ppid, sid=p.sid, pgid=p.sid,
+                                     exit_signal=p.exit_signal, uid=0, gid=0, groups=[], cwd="/", threads=[],
+                                     descriptors=[], remaps=[], rlimits={}, comm="session", placeholder=True)
+                built[holder.pid] = holder
+                out.append(holder)
+            elif (holder.ppid, holder.exit_signal) != (p.ppid, p.exit_signal):
+                raise TreeForkRefused(culprit, f"in session {p.sid}, whose leader is gone, with another parent or "
+                                               "exit signal than the session's other orphans")
+            p.maker = holder.pid
         if p.pgid == 0 and parent is not None and parent.pgid != 0:
             raise TreeForkRefused(culprit, "in a process group led from outside the tree, its parent is not")
         if p.pgid not in (0, p.pid):
@@ -444,3 +471,5 @@ def _check_sessions(processes: list[ProcessPlan]) -> None:
             if leader.sid != p.sid:
                 raise TreeForkRefused(culprit, "its process group is in another session")
         built[p.pid] = p
+        out.append(p)
+    return out

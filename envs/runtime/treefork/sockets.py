@@ -1,8 +1,9 @@
 """What the kernel says of a process tree's Unix sockets (``NETLINK_SOCK_DIAG``, asked from inside the tree's network
-namespace): each socket's type, state, bound name, peer, pending connections and queued bytes, by inode.
+namespace): each socket's type, state, bound name, peer, pending connections and queued bytes, by inode; and of its
+netlink sockets (``/proc/PID/net/netlink``): protocol, port id, groups and queued bytes.
 
-Owns: ``unix_sockets`` (one dump of a network namespace's Unix sockets) and ``UnixSocket``. Which of them a clone can
-have again, and how, is ``reader.py``'s.
+Owns: ``unix_sockets`` (one dump of a network namespace's Unix sockets) and ``UnixSocket``; ``netlink_sockets`` and
+``NetlinkSocket``. Which of them a clone can have again, and how, is ``reader.py``'s.
 Must never: change the namespace of the calling thread (the dump is asked from a thread of its own).
 """
 
@@ -13,6 +14,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import syscalls
 
@@ -40,6 +42,26 @@ class UnixSocket:
     @property
     def kind(self) -> str:
         return TYPES.get(self.type, f"type {self.type}")
+
+
+@dataclass(frozen=True)
+class NetlinkSocket:
+    inode: int
+    protocol: int  # NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT, ...
+    port: int  # its port id (0: not bound)
+    groups: int  # the multicast groups it joined (the first 32, as /proc shows them)
+    queued: int  # bytes in its receive queue
+
+
+def netlink_sockets(host_pid: int) -> dict[int, NetlinkSocket]:
+    """Every netlink socket of the network namespace of ``host_pid``, by inode."""
+    out = {}
+    for line in Path(f"/proc/{host_pid}/net/netlink").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 10:
+            out[int(fields[9])] = NetlinkSocket(inode=int(fields[9]), protocol=int(fields[1]), port=int(fields[2]),
+                                                groups=int(fields[3], 16), queued=int(fields[4]))
+    return out
 
 
 def _dump(sock: socket.socket) -> dict[int, UnixSocket]:
