@@ -138,11 +138,12 @@ REFUSALS = {
         "import socket; l = socket.create_server(('127.0.0.1', 0)); "
         "c = socket.create_connection(l.getsockname()); a, _ = l.accept()", "fd", "other than a TCP listener"),
     "a timerfd": ("import ctypes; ctypes.CDLL(None).timerfd_create(1, 0)", "fd", "a timerfd"),
-    "an inotify": ("import ctypes; ctypes.CDLL(None).inotify_init()", "fd", "an inotify instance"),
+    "an inotify with events queued": (
+        "import ctypes; c = ctypes.CDLL(None); i = c.inotify_init(); c.inotify_add_watch(i, b'/tmp', 0x100); "
+        "p = f'/tmp/bunshin-tf-inotify-{os.getppid()}'; open(p, 'w').close(); os.unlink(p)", "fd", "events queued"),
     "a signalfd": ("import ctypes; m = (ctypes.c_ulong * 16)(); assert ctypes.CDLL(None).signalfd(-1, m, 0) >= 0", "fd",
                    "a signalfd"),
     "a pidfd": ("os.pidfd_open(os.getpid())", "fd", "a pidfd"),
-    "a deleted file": ("f = open('/tmp/bunshin-treefork-deleted', 'w'); os.unlink(f.name)", "fd", "a deleted file"),
     "a pipe to outside": ("d = os.dup(1); os.dup2(d, 7); os.close(d)", "fd 7", "outside the tree"),
     "a device": ("os.open('/dev/tty0' if os.path.exists('/dev/tty0') else '/dev/kmsg', os.O_RDONLY)", "fd",
                  "a device"),
@@ -152,12 +153,12 @@ REFUSALS = {
     "a memfd mapped privately, written": (
         "import mmap; f = os.memfd_create('m'); os.ftruncate(f, 4096); "
         "m = mmap.mmap(f, 4096, flags=mmap.MAP_PRIVATE); m[0] = 1", "mapping", "holding pages of its own"),
-    "a shared writable mapping of a file": (
-        "import ctypes; c = ctypes.CDLL(None); c.mmap.restype = ctypes.c_void_p; "
-        "p = f'/tmp/bunshin-treefork-{os.getppid()}'; f = os.open(p, os.O_RDWR | os.O_CREAT); os.ftruncate(f, 4096); "
-        "c.mmap(None, 4096, 3, 1, f, ctypes.c_long(0)); os.close(f); os.unlink(p)", "mapping",
-        "shared writable mapping of a file"),
+    "a shared anonymous mapping": ("import mmap; m = mmap.mmap(-1, 8192, flags=mmap.MAP_SHARED); m[0] = 1", "mapping",
+                                   "shared anonymous mapping"),
     "differing real and effective ids": ("os.setresuid(0, 65534, 0)", "pid 1", "real, effective and saved"),
+    "a /proc file open in two processes": (
+        "f = os.open('/proc/self/statm', os.O_RDONLY)\nif os.fork() == 0:\n"
+        "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n    while True: time.sleep(1)", "fd", "/proc file"),
     "a netlink socket with a reply in flight": (
         "import socket, struct; s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); s.bind((0, 0)); "
         "s.send(struct.pack('=IHHII', 32, 18, 0x301, 1, 0) + bytes(16))", "fd", "messages in flight"),
@@ -268,3 +269,58 @@ def test_a_netlink_socket_is_planned_with_its_protocol_port_and_groups(tree: lis
     [nl] = [f for f in plan.files if f.kind == "netlink"]
     assert (nl.count, nl.protocol, nl.groups) == (socket.SOCK_RAW, 0, 1) and nl.port != 0
     assert f"obj {nl.oid} netlink {int(socket.SOCK_RAW)} 0 {nl.port} 1\n" in render(plan)
+
+
+def test_an_inotify_instance_is_planned_with_its_watches_numbers_masks_and_paths(tree: list[Tree],
+                                                                                 tmp_path: Path) -> None:
+    """Watch 2 removed, so the clone must skip a number: the plan keeps the source's numbers (1 and 3)."""
+    (tmp_path / "b").mkdir()
+    code = (f"import ctypes\nc = ctypes.CDLL(None); i = c.inotify_init1(0o4000)\n"
+            f"c.inotify_add_watch(i, b'{tmp_path}', 0x100)\nw = c.inotify_add_watch(i, b'/etc', 0x2)\n"
+            f"c.inotify_rm_watch(i, w)\nc.inotify_add_watch(i, b'{tmp_path}/b', 0x200)\n"
+            "os.read(i, 4096)")  # the removal's IN_IGNORED, read away
+    t = python_tree(tree, code)
+    plan = read_tree(t.init, hostname="box")
+    [ino] = [f for f in plan.files if f.kind == "inotify"]
+    assert [(w.wd, w.mask, w.path) for w in ino.watches] == [(1, 0x100, str(tmp_path)), (3, 0x200, f"{tmp_path}/b")]
+    assert ino.flags == os.O_NONBLOCK
+    text = render(plan)
+    assert f"obj {ino.oid} inotify\ninotify_watch {ino.oid} 1 256 {tmp_path}\ninotify_watch {ino.oid} 3 512 " \
+           f"{tmp_path}/b\n" in text
+
+
+def test_a_deleted_file_and_shared_file_mappings_are_copies_of_their_own(tree: list[Tree], tmp_path: Path) -> None:
+    """A deleted file open and mapped shared is a ghost, made again at its path and unlinked; a file on a writable
+    mount mapped shared is moved onto the clone's file at its path; a read-only descriptor of a memfd is the copy
+    opened again read-only (one copy of the memfd for every descriptor and mapping of it)."""
+    code = ("import mmap\n"
+            f"g = os.open('{tmp_path}/ghost', os.O_RDWR | os.O_CREAT); os.ftruncate(g, 8192); os.lseek(g, 100, 0)\n"
+            "gm = mmap.mmap(g, 8192); gm[0] = 7\n"
+            f"os.unlink('{tmp_path}/ghost')\n"
+            f"f = os.open('{tmp_path}/shared', os.O_RDWR | os.O_CREAT); os.ftruncate(f, 4096)\n"
+            "fm = mmap.mmap(f, 4096); os.close(f)\n"
+            "m = os.memfd_create('region'); os.ftruncate(m, 4096)\n"
+            "r = os.open(f'/proc/self/fd/{m}', os.O_RDONLY); mm = mmap.mmap(m, 4096)")
+    t = python_tree(tree, code)
+    plan = read_tree(t.init, hostname="box")
+    [proc] = plan.processes
+    by_oid = {f.oid: f for f in plan.files}
+    [ghost] = [f for f in plan.files if f.kind == "shm"]
+    assert ghost.path == f"{tmp_path}/ghost" and ghost.count == 1 and ghost.offset == 100  # unlinked again
+    # (Python's mmap keeps a descriptor of its own of the file too: another object)
+    [shared] = [by_oid[r.oid] for r in proc.remaps if by_oid[r.oid].path == f"{tmp_path}/shared"]
+    assert shared.kind == "file" and shared.flags == os.O_RDWR
+    [memfd] = [f for f in plan.files if f.kind == "memfd"]
+    [reopen] = [f for f in plan.files if f.kind == "reopen"]
+    assert reopen.peer == memfd.oid and reopen.flags & os.O_ACCMODE == os.O_RDONLY
+    assert {by_oid[r.oid].kind for r in proc.remaps} == {"shm", "file", "memfd"}
+    assert {r.oid for r in proc.remaps} == {ghost.oid, shared.oid, memfd.oid}, [(r, by_oid[r.oid]) for r in proc.remaps]
+    assert f"obj {reopen.oid} reopen {memfd.oid} 0 0\n" in render(plan)
+
+
+def test_a_proc_file_is_planned_for_its_process_to_open_in_the_clones_proc(tree: list[Tree]) -> None:
+    t = python_tree(tree, "f = os.open('/proc/self/statm', os.O_RDONLY); os.read(f, 3)")
+    plan = read_tree(t.init, hostname="box")
+    [proc] = [f for f in plan.files if f.kind == "proc"]
+    assert proc.path == "/proc/1/statm" and proc.offset == 3 and proc.flags & os.O_ACCMODE == os.O_RDONLY
+    assert f"obj {proc.oid} proc {proc.flags} 3 /proc/1/statm\n" in render(plan)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import struct
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -135,3 +136,11 @@ def same_open_file(pid1: int, fd1: int, pid2: int, fd2: int) -> bool:
     ret = _libc.syscall(ctypes.c_long(_SYS_KCMP), ctypes.c_int(pid1), ctypes.c_int(pid2), ctypes.c_int(KCMP_FILE),
                         ctypes.c_ulong(fd1), ctypes.c_ulong(fd2))
     return _check(ret, f"kcmp({pid1}, {pid2}, KCMP_FILE, {fd1}, {fd2})") == 0
+
+
+def open_by_handle_at(mount_fd: int, handle_type: int, handle: bytes, flags: int = os.O_PATH) -> int:
+    """The file a file handle (``name_to_handle_at``'s, or what /proc's fdinfo shows of an inotify watch) names,
+    looked up in the file system of ``mount_fd``, opened with ``flags`` (needs CAP_DAC_READ_SEARCH)."""
+    buf = ctypes.create_string_buffer(struct.pack("=Ii", len(handle), handle_type) + handle)
+    fd = _libc.open_by_handle_at(ctypes.c_int(mount_fd), buf, ctypes.c_int(flags | os.O_CLOEXEC))
+    return _check(fd, f"open_by_handle_at({mount_fd}, type {handle_type})")

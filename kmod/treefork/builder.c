@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -77,7 +78,8 @@
 #define MAX_LINE	8192
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
-		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK };
+		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK,
+		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC };
 
 struct obj {
 	enum obj_kind kind;
@@ -93,9 +95,17 @@ struct obj {
 	int type;		/* sockets: SOCK_STREAM, ...; OBJ_TCP_LISTEN: the port */
 	int family;		/* OBJ_TCP_LISTEN; OBJ_NETLINK: the protocol */
 	uint32_t nl_port, nl_groups;	/* OBJ_NETLINK: its port id and multicast groups */
+	int nwatches;			/* OBJ_INOTIFY: its watches, by ascending descriptor number */
+	struct inotify_watch *watches;
 	int listener;		/* OBJ_ACCEPTED: the listener's object */
 	pid_t src_pid;		/* a socket pair's end: the source process and descriptor its bytes come from */
 	int src_fd;
+};
+
+struct inotify_watch {
+	int wd;
+	uint32_t mask;
+	char *path;
 };
 
 struct fd_entry {
@@ -162,6 +172,7 @@ static uint64_t now_ns(void)
 }
 
 static int trace_fd = 2;	/* the builder's stderr, kept apart from the clone's descriptors */
+static int self_fds = -1;	/* the builder's /proc/self/fd, opened before entering the clone's root */
 
 /* a step, on stderr with the time since the start (the orchestrator shows it when a build fails) */
 static void step(const char *what)
@@ -295,10 +306,10 @@ static void parse_obj(char *line)
 			die("plan: bad file: %s", line);
 		o->offset = off;
 		o->path = rest(line, 5);
-	} else if (!strcmp(kind, "dir")) {
-		o->kind = OBJ_DIR;
-		if (sscanf(line, "obj %*d dir %d %lld", &o->flags, &off) != 2)
-			die("plan: bad dir: %s", line);
+	} else if (!strcmp(kind, "dir") || !strcmp(kind, "proc")) {
+		o->kind = kind[0] == 'd' ? OBJ_DIR : OBJ_PROC;
+		if (sscanf(line, "obj %*d %*s %d %lld", &o->flags, &off) != 2)
+			die("plan: bad %s: %s", kind, line);
 		o->offset = off;
 		o->path = rest(line, 5);
 	} else if (!strcmp(kind, "eventfd")) {
@@ -343,6 +354,13 @@ static void parse_obj(char *line)
 		if (sscanf(line, "obj %*d tcp_listen %d %d", &o->family, &o->type) != 2)
 			die("plan: bad tcp_listen: %s", line);
 		o->path = rest(line, 5);
+	} else if (!strcmp(kind, "reopen")) {
+		o->kind = OBJ_REOPEN;
+		if (sscanf(line, "obj %*d reopen %d %d %lld", &o->peer, &o->flags, &off) != 3)
+			die("plan: bad reopen: %s", line);
+		o->offset = off;
+	} else if (!strcmp(kind, "inotify")) {
+		o->kind = OBJ_INOTIFY;
 	} else if (!strcmp(kind, "netlink")) {
 		o->kind = OBJ_NETLINK;
 		if (sscanf(line, "obj %*d netlink %d %d %u %u", &o->type, &o->family, &o->nl_port,
@@ -362,6 +380,15 @@ static void parse_line(char *line)
 
 	if (!strncmp(line, "obj ", 4)) {
 		parse_obj(line);
+	} else if (!strncmp(line, "inotify_watch ", 14)) {
+		struct inotify_watch w;
+
+		if (sscanf(line, "inotify_watch %d %d %u", &a, &w.wd, &w.mask) != 3 || a < 0 || a >= nobjs ||
+		    objs[a].kind != OBJ_INOTIFY)
+			die("plan: bad inotify_watch: %s", line);
+		w.path = rest(line, 4);
+		GROW(objs[a].watches, objs[a].nwatches);
+		objs[a].watches[objs[a].nwatches++] = w;
 	} else if (!strncmp(line, "flags ", 6)) {
 		if (sscanf(line, "flags %d %d", &a, &b) != 2 || a < 0 || a >= nobjs)
 			die("plan: bad flags: %s", line);
@@ -603,6 +630,39 @@ static int tcp_listener(int family, int port, const char *address)
 	return fd;
 }
 
+/*
+ * An inotify instance whose watches get their source's descriptor numbers:
+ * numbers are handed out in increasing order, so a watch added too early is
+ * removed and added again until it gets its number. The removals' IN_IGNORED
+ * events are read away (nothing else can be queued: nothing runs yet).
+ */
+static int make_inotify(struct obj *o)
+{
+	char buf[4096];
+	int fd = inotify_init1(IN_NONBLOCK), i, wd, tries;
+
+	if (fd < 0)
+		die("inotify_init1");
+	for (i = 0; i < o->nwatches; i++) {
+		for (tries = 0; ; tries++) {
+			wd = inotify_add_watch(fd, o->watches[i].path, o->watches[i].mask);
+			if (wd < 0)
+				die("inotify_add_watch %s", o->watches[i].path);
+			if (wd == o->watches[i].wd)
+				break;
+			if (wd > o->watches[i].wd || tries > 1 << 16)
+				die("inotify watch %s: descriptor %d, not %d", o->watches[i].path, wd, o->watches[i].wd);
+			if (inotify_rm_watch(fd, wd))
+				die("inotify_rm_watch");
+		}
+	}
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	if (fcntl(fd, F_SETFL, 0))
+		die("F_SETFL on an inotify instance");
+	return fd;
+}
+
 static void make_obj(int id)
 {
 	struct obj *o = &objs[id];
@@ -611,6 +671,7 @@ static void make_obj(int id)
 
 	switch (o->kind) {
 	case OBJ_NONE:
+	case OBJ_PROC:	/* opened by its process's helper, in the clone's /proc */
 		return;
 	case OBJ_PIPE:
 		if (pipe2(ends, 0))
@@ -659,8 +720,12 @@ static void make_obj(int id)
 			die("lseek %s", o->path);
 		break;
 	case OBJ_SHM:
-		/* a file in the clone's /dev/shm (a tmpfs), unlinked again if the source's was */
-		o->fd = open(o->path, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+		/*
+		 * a file in the clone's /dev/shm (a tmpfs), or a deleted file (a ghost), made at
+		 * its path (which must be free: never clobbered, no link followed), then
+		 * unlinked again if the source's was
+		 */
+		o->fd = open(o->path, O_RDWR | O_CREAT | O_EXCL, 0600);
 		if (o->fd < 0)
 			die("creating %s", o->path);
 		copy_contents(o);
@@ -716,6 +781,22 @@ static void make_obj(int id)
 	case OBJ_TCP_LISTEN:
 		o->fd = tcp_listener(o->family, o->type, o->path);
 		break;
+	case OBJ_REOPEN: {
+		/* another open file of a copy: opened again through /proc with its own access mode */
+		char name[16];
+
+		if (o->peer < 0 || o->peer >= nobjs || (objs[o->peer].kind != OBJ_MEMFD && objs[o->peer].kind != OBJ_SHM))
+			die("plan: reopen %d names no shared-memory copy", id);
+		snprintf(name, sizeof(name), "%d", objs[o->peer].fd);
+		o->fd = openat(self_fds, name, (o->flags & O_ACCMODE) | O_CLOEXEC);
+		if (o->fd < 0 || lseek(o->fd, o->offset, SEEK_SET) < 0)
+			die("opening object %d again", o->peer);
+		o->flags &= ~O_ACCMODE;	/* what is left is for F_SETFL */
+		break;
+	}
+	case OBJ_INOTIFY:
+		o->fd = make_inotify(o);
+		break;
 	case OBJ_NETLINK: {
 		/* in the clone's network namespace, at the source's port id (unique there too) and groups */
 		struct sockaddr_nl addr = { .nl_family = AF_NETLINK, .nl_pid = o->nl_port,
@@ -740,13 +821,14 @@ static void make_objs(void)
 
 	/* in three passes: what the others need (listeners), accepted connections, the far ends of pairs */
 	for (i = 0; i < nobjs; i++)
-		if (objs[i].kind != OBJ_PIPE_W && objs[i].kind != OBJ_SOCKETPAIR_B && objs[i].kind != OBJ_ACCEPTED)
+		if (objs[i].kind != OBJ_PIPE_W && objs[i].kind != OBJ_SOCKETPAIR_B && objs[i].kind != OBJ_ACCEPTED &&
+		    objs[i].kind != OBJ_REOPEN)
 			make_obj(i);
 	for (i = 0; i < nobjs; i++)
 		if (objs[i].kind == OBJ_ACCEPTED)
 			make_obj(i);
 	for (i = 0; i < nobjs; i++)
-		if (objs[i].kind == OBJ_PIPE_W || objs[i].kind == OBJ_SOCKETPAIR_B)
+		if (objs[i].kind == OBJ_PIPE_W || objs[i].kind == OBJ_SOCKETPAIR_B || objs[i].kind == OBJ_REOPEN)
 			make_obj(i);
 	for (i = 0; i < nobjs; i++)
 		if (objs[i].src >= 0)
@@ -927,7 +1009,7 @@ static void helper(struct proc *p)
 {
 	struct bunshin_remap *remaps = NULL;
 	struct bunshin_graft req;
-	int keep[5 + 2 * 64], nkeep = 0;
+	int *keep, nkeep = 0;
 	sigset_t all;
 	siginfo_t info;
 	struct timespec zero = { 0 };
@@ -987,6 +1069,16 @@ static void helper(struct proc *p)
 	fault("helper", "children", p->pid, 0);
 
 	for (i = 0; i < p->nfds; i++) {
+		struct obj *o = &objs[p->fds[i].obj];
+
+		if (o->kind != OBJ_PROC)
+			continue;
+		o->fd = open(o->path, o->flags & ~(O_CREAT | O_TRUNC | O_EXCL));
+		if (o->fd < 0 || lseek(o->fd, o->offset, SEEK_SET) < 0)
+			helper_fail(p, "opening a /proc file");
+		o->fd = high(o->fd);
+	}
+	for (i = 0; i < p->nfds; i++) {
 		struct fd_entry *f = &p->fds[i];
 
 		if (dup2(objs[f->obj].fd, f->num) < 0 || fcntl(f->num, F_SETFD, f->cloexec ? FD_CLOEXEC : 0))
@@ -1004,18 +1096,19 @@ static void helper(struct proc *p)
 		if (p->has_rlim[i] && setrlimit(i, &p->rlim[i]))
 			helper_fail(p, "setrlimit");
 
+	if (p->nremaps > BUNSHIN_REMAP_MAX)
+		helper_fail(p, "more mappings to remap than BUNSHIN_REMAP_MAX");
+	keep = calloc(4 + 2 * p->nremaps, sizeof(*keep));
+	remaps = calloc(p->nremaps + 1, sizeof(*remaps));
+	if (!keep || !remaps)
+		helper_fail(p, "out of memory");
 	keep[nkeep++] = p->status_w;
 	keep[nkeep++] = trace_fd;
 	keep[nkeep++] = p->session;
 	keep[nkeep++] = p->pidfd;
-	if (p->nremaps > 64)
-		helper_fail(p, "more than 64 shared-memory files to remap");
-	if (p->nremaps) {
-		remaps = calloc(p->nremaps, sizeof(*remaps));
-		for (i = 0; i < p->nremaps; i++) {
-			remaps[i].from = keep[nkeep++] = p->remaps[i].from;
-			remaps[i].to = keep[nkeep++] = objs[p->remaps[i].obj].fd;
-		}
+	for (i = 0; i < p->nremaps; i++) {
+		remaps[i].from = keep[nkeep++] = p->remaps[i].from;
+		remaps[i].to = keep[nkeep++] = objs[p->remaps[i].obj].fd;
 	}
 	close_others(p, keep, nkeep);
 
@@ -1039,7 +1132,7 @@ static void helper(struct proc *p)
 		.flags = BUNSHIN_GRAFT_PIDFD | BUNSHIN_GRAFT_CLOSE | (hold ? BUNSHIN_GRAFT_HOLD : 0) |
 			 (p->nremaps ? BUNSHIN_GRAFT_REMAP : 0),
 		.source = p->pidfd, .tid = 0, .close_from = close_from,
-		.remap = (uintptr_t)remaps, .nr_remap = p->nremaps,
+		.remap = p->nremaps ? (uintptr_t)remaps : 0, .nr_remap = p->nremaps,
 	};
 	step("grafting");
 	fault("helper", "graft", p->pid, 0);
@@ -1202,6 +1295,9 @@ int main(void)
 	fault_setup();
 	fault("builder", "plan", getpid(), procs[0].host_pid);
 	open_sources();
+	self_fds = open("/proc/self/fd", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (self_fds < 0)
+		die("/proc/self/fd");
 	open_cgroup();
 	enter_clone_world();
 	step("in the clone's namespaces and root");

@@ -476,6 +476,129 @@ HELPER_STEPS = ("children", "descriptors", "threads", "graft")
 SOURCE_STEPS = ("plan", "files", "init", "grafted")
 
 
+CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--remote-debugging-port=9222", "--user-data-dir=/tmp/profile",
+                  "--no-first-run", "--disable-gpu", "--window-size=1280,800"]
+
+
+def cdp(box: Container, calls: list[tuple[str, dict[str, object]]], timeout: float = 120.0) -> list[dict]:
+    """The replies of the Chromium in ``box`` to DevTools calls on its page, over its debugging port in the box's
+    network namespace (a thread of our own enters it; the calls run on an event loop in that thread)."""
+    import asyncio
+    import threading
+
+    import aiohttp
+
+    async def calls_on_page() -> list[dict]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.get("http://127.0.0.1:9222/json/list") as reply:
+                page = next(t for t in await reply.json() if t["type"] == "page")
+            async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=64 << 20) as ws:
+                out = []
+                for n, (method, params) in enumerate(calls, 1):
+                    await ws.send_json({"id": n, "method": method, "params": params})
+                    while (msg := await ws.receive_json(timeout=timeout)).get("id") != n:
+                        pass
+                    out.append(msg)
+                return out
+
+    replies: list[dict] = []
+    failure: list[BaseException] = []
+
+    def in_its_namespace() -> None:
+        try:
+            fd = os.open(f"/proc/{box.init}/ns/net", os.O_RDONLY)
+            try:
+                sys_.setns(fd, sys_.CLONE_NEWNET)
+            finally:
+                os.close(fd)
+            replies.extend(asyncio.run(calls_on_page()))
+        except BaseException as e:  # handed to the caller
+            failure.append(e)
+
+    thread = threading.Thread(target=in_its_namespace, name=f"cdp-{box.name}", daemon=True)
+    thread.start()
+    thread.join(timeout + 10)
+    if failure:
+        raise failure[0]
+    if thread.is_alive():
+        raise TimeoutError(f"DevTools of {box.name} did not answer in {timeout:.0f} s")
+    return replies
+
+
+def ax_names(box: Container) -> list[tuple[str, str]]:
+    """The roles and names of the page's accessibility tree, as DevTools gives it."""
+    [reply] = cdp(box, [("Accessibility.getFullAXTree", {})])
+    return [(n.get("role", {}).get("value", ""), n.get("name", {}).get("value", ""))
+            for n in reply["result"]["nodes"] if not n.get("ignored")]
+
+
+def evaluate(box: Container, expression: str) -> object:
+    [reply] = cdp(box, [("Runtime.evaluate", {"expression": expression, "returnByValue": True})])
+    return reply["result"]["result"].get("value")
+
+
+def shop_page() -> Path:
+    """The embedded web shop's home page, as a file Chromium opens (its links lead nowhere: no server here)."""
+    from bunshin.envs.webshop import html
+
+    page = WORK / "shop.html"
+    page.write_text(html.home(["Electronics", "Home & Kitchen", "Beauty & Personal Care", "Sports & Outdoors"]))
+    return page
+
+
+def workload_chromium(args: argparse.Namespace) -> list[str]:
+    """Headless Chromium (browser, GPU, network, storage and renderer processes, crashpad's daemons) on the web
+    shop's home page, on the chromium workspace image: the clone answers DevTools on its own debugging port with the
+    source's accessibility tree, and what a script changes in the clone's page is the clone's only."""
+    from bunshin.envs.images.recipes import recipe
+    from bunshin.envs.images.store import ImageStore
+
+    image = ImageStore(Path(args.images) if args.images else None).require(recipe("chromium")).root
+    problems: list[str] = []
+    with containers() as made:
+        source = start("chromium", ["/usr/bin/chromium", *CHROMIUM_FLAGS, "file:///tmp/shop.html"],
+                       files=(str(shop_page()),), image=image)
+        made.append(source)
+        deadline = time.monotonic() + 180
+        title: object = None
+        error: Exception | None = None
+        while time.monotonic() < deadline and not title:
+            try:
+                title = evaluate(source, "document.readyState == 'complete' && document.title")
+            except Exception as e:  # not up yet
+                error = e
+                time.sleep(1)
+        if not title:
+            return [f"Chromium did not load the page in 180 s ({type(error).__name__}: {error}); processes: "
+                    f"{[Path(f'/proc/{p}/comm').read_text().strip() for p in _tree(source.init)]}"]
+        say(f"the source loaded {title!r} in {180 - (deadline - time.monotonic()):.0f} s")
+        before = ax_names(source)
+        source.freeze(True)
+        clone, ms = fork(source, "chromium-1", args.builder, made)
+        plan = clone.build.plan if clone.build else None
+        say(f"grafted in {ms:.1f} ms, {len(plan.processes) if plan else 0} processes "
+            f"({sum(p.placeholder for p in plan.processes) if plan else 0} session placeholders), "
+            f"{len(plan.files) if plan else 0} open files, "
+            f"{sum(len(p.remaps) for p in plan.processes) if plan else 0} mappings moved onto copies")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        started = time.monotonic()
+        tree = ax_names(clone)
+        say(f"the clone answered DevTools {time.monotonic() - started:.2f} s after its thaw: title "
+            f"{evaluate(clone, 'document.title')!r}, {len(tree)} accessibility nodes (source {len(before)})")
+        if tree != before:
+            problems.append(f"the clone's accessibility tree is not the source's: {tree[:8]} vs {before[:8]}")
+        evaluate(clone, "document.title = 'clone only'")
+        if evaluate(source, "document.title") == "clone only" or evaluate(clone, "document.title") != "clone only":
+            problems.append("a change made in the clone's page is not the clone's only")
+        alive = [_state(p) for p in _tree(clone.init)]
+        if "Z" in alive or len(alive) < len(plan.processes if plan else []) - sum(
+                p.placeholder or p.zombie for p in (plan.processes if plan else [])):
+            problems.append(f"a process of the clone died: {alive}")
+    return problems
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -581,6 +704,7 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": wo
                                                                     "shell": workload_shell,
                                                                     "sockets": workload_sockets,
                                                                     "xdesktop": workload_xdesktop,
+                                                                    "chromium": workload_chromium,
                                                                     "faults": workload_faults}
 
 

@@ -2,7 +2,8 @@
 observe of itself (the tree and its pids, sessions and groups, threads, credentials, cwd, descriptors with their
 flags, offsets and the bytes in flight in pipes, eventfd counts and epoll interest lists, memory maps with their
 protections and names, memory contents by mapping, mounts; Unix sockets with their type, state, name, queued bytes
-and peer; netlink sockets with their protocol, port id and groups), then check they diverge independently: a byte
+and peer; netlink sockets with their protocol, port id and groups; inotify watches with their numbers, masks and
+paths), then check they diverge independently: a byte
 written into a private page of one is never seen by the other, page by page, and a page is shared until written.
 
 Owns: ``describe`` (what a frozen tree shows, normalised so that two faithful copies compare equal: pipes numbered in
@@ -21,6 +22,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
+from .inotify import inotify_watches
 from .procfs import MAPS, inside, last, status, walk
 from .reader import STATELESS_DEVICES
 from .sockets import NetlinkSocket, UnixSocket, netlink_sockets, unix_sockets
@@ -84,6 +86,8 @@ def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str], unix: di
         extra = re.search(r"^eventfd-count:\s+(\S+)", info, re.M).group(1)  # type: ignore[union-attr]
     elif link == "anon_inode:[eventpoll]":
         extra = sorted(re.findall(r"^tfd:\s+(\d+)\s+events:\s+(\S+)\s+data:\s+(\S+)", info, re.M))
+    elif link == "anon_inode:inotify":
+        extra = [(w.wd, w.mask, w.path) for w in inotify_watches(host_pid, info, root, f"pid {host_pid} fd {num}")]
     elif link.startswith("/") and not link.startswith("/memfd:"):
         st = os.stat(f"{base}/fd/{num}")
         device = STATELESS_DEVICES.get((os.major(st.st_rdev), os.minor(st.st_rdev))) \
@@ -99,6 +103,19 @@ def _maps(host_pid: int) -> list[tuple[str, str, str, str, str]]:
         if m:
             start, end, perms, _, _, _, name = m.groups()
             out.append((start, end, perms, line.split()[2], name))
+    return out
+
+
+def _inside_roots(maps: object, roots: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """Mappings with a file's name inside either side's root: a clone maps the source's files where it shares them
+    (a duplicated mm keeps them) and its own copies where a mapping was moved onto one."""
+    out: set[tuple[str, ...]] = set()
+    for start, end, perms, offset, name in maps:  # type: ignore[attr-defined]
+        for root in roots:
+            if root and name.startswith(root + "/"):
+                name = name[len(root):]
+                break
+        out.add((start, end, perms, offset, name))
     return out
 
 
@@ -182,7 +199,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
             "comm": st["Name"], "uid": st["Uid"], "gid": st["Gid"], "groups": st["Groups"],
             "sigblk": st["SigBlk"], "sigign": st["SigIgn"], "sigcgt": st["SigCgt"],
             "threads": threads, "cwd": inside(os.readlink(f"/proc/{host_pid}/cwd"), root, f"pid {pid}"),
-            "fds": fds, "maps": _maps(host_pid), "memory": _memory_hashes(host_pid),
+            "fds": fds, "maps": _maps(host_pid), "root": root, "memory": _memory_hashes(host_pid),
             "mounts": _mounts(host_pid, root),
         }
     return view
@@ -196,7 +213,7 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
     for pid in sorted(source):
         s, c = source[pid], clone[pid]
         for key in s:
-            if key in ("fds", "memory", "maps"):
+            if key in ("fds", "memory", "maps", "root"):
                 continue
             if s[key] != c[key]:
                 out.append(f"pid {pid} {key}: source {s[key]!r}, clone {c[key]!r}")
@@ -205,8 +222,9 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
         for num in sorted(set(sf) | set(cf)):
             if sf.get(num) != cf.get(num):
                 out.append(f"pid {pid} fd {num}: source {sf.get(num)!r}, clone {cf.get(num)!r}")
-        if s["maps"] != c["maps"]:
-            sm, cm = set(s["maps"]), set(c["maps"])  # type: ignore[call-overload]
+        roots = (str(s.get("root", "")), str(c.get("root", "")))
+        sm, cm = _inside_roots(s["maps"], roots), _inside_roots(c["maps"], roots)
+        if sm != cm:
             out.append(f"pid {pid} maps: only in source {sorted(sm - cm)[:4]}, only in clone {sorted(cm - sm)[:4]}")
         sh, ch = s["memory"], c["memory"]
         assert isinstance(sh, dict) and isinstance(ch, dict)

@@ -11,6 +11,15 @@ from __future__ import annotations
 import msgspec
 
 
+class InotifyWatch(msgspec.Struct, frozen=True):
+    """One watch of an inotify instance: its descriptor number, event mask and what it watches (a path in the
+    clone's root)."""
+
+    wd: int
+    mask: int
+    path: str
+
+
 class OpenFile(msgspec.Struct, frozen=True):
     """One open file of the clone, shared by every descriptor (in any process) that names its ``oid``.
 
@@ -25,7 +34,12 @@ class OpenFile(msgspec.Struct, frozen=True):
     name, as an accepted connection does), ``unix_listen``
     (type ``count``, listening at ``path``, "@name" for an abstract name), ``unix`` (unconnected, bound to ``path``
     if any), ``tcp_listen`` (family ``peer``, address ``path``, port ``count``), ``netlink`` (type ``count``,
-    ``protocol``, bound to port id ``port`` and multicast ``groups``, made again in the clone's network namespace).
+    ``protocol``, bound to port id ``port`` and multicast ``groups``, made again in the clone's network namespace),
+    ``proc`` (a /proc file at ``path``, opened like ``file`` but by its process's helper, in the clone's /proc),
+    ``inotify`` (its ``watches`` added again in order, each with its source's descriptor number), ``reopen`` (the
+    copy ``peer`` opened again, with access mode and status ``flags``, at ``offset``: another open file of it).
+    A ``shm`` copy with ``count`` 1 is also how a deleted file (a "ghost") is made again: created at its path,
+    filled, unlinked.
     """
 
     oid: int
@@ -42,6 +56,7 @@ class OpenFile(msgspec.Struct, frozen=True):
     protocol: int = 0  # a netlink socket's
     port: int = 0
     groups: int = 0
+    watches: tuple[InotifyWatch, ...] = ()  # an inotify instance's, by ascending descriptor number
 
 
 class Watch(msgspec.Struct, frozen=True):
@@ -123,8 +138,8 @@ def render(plan: TreePlan) -> str:
             out.append(f"obj {f.oid} pipe_w {f.peer}")
         elif f.kind == "file":
             out.append(f"obj {f.oid} file {f.flags} {f.offset} {f.path}")
-        elif f.kind == "dir":
-            out.append(f"obj {f.oid} dir {f.flags} {f.offset} {f.path}")
+        elif f.kind in ("dir", "proc"):
+            out.append(f"obj {f.oid} {f.kind} {f.flags} {f.offset} {f.path}")
         elif f.kind == "eventfd":
             out.append(f"obj {f.oid} eventfd {f.count} {f.flags}")
         elif f.kind in ("memfd", "shm"):
@@ -144,9 +159,14 @@ def render(plan: TreePlan) -> str:
             out.append(f"obj {f.oid} tcp_listen {f.peer} {f.count} {f.path}")
         elif f.kind == "netlink":
             out.append(f"obj {f.oid} netlink {f.count} {f.protocol} {f.port} {f.groups}")
+        elif f.kind == "reopen":
+            out.append(f"obj {f.oid} reopen {f.peer} {f.flags} {f.offset}")
+        elif f.kind == "inotify":
+            out.append(f"obj {f.oid} inotify")
+            out += [f"inotify_watch {f.oid} {w.wd} {w.mask} {w.path}" for w in f.watches]
         else:
             raise ValueError(f"unknown open-file kind {f.kind!r}")
-        if f.kind not in ("file", "dir") and f.flags:
+        if f.kind not in ("file", "dir", "proc", "reopen") and f.flags:
             out.append(f"flags {f.oid} {f.flags}")
     for p in plan.processes:
         out.append(f"proc {p.pid} {p.host_pid} {p.ppid} {p.sid} {p.pgid} {p.exit_signal} {p.uid} {p.gid}")

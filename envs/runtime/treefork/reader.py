@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import syscalls
 from ..syscalls import same_open_file
 from .errors import TreeForkRefused
+from .inotify import inotify_watches, queued_bytes
 from .plan import Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
 from .procfs import MAPS, inside, last, status, walk
 from .sockets import ESTABLISHED, LISTEN, NetlinkSocket, netlink_sockets, unix_sockets
@@ -32,7 +33,7 @@ RLIM_INFINITY = (1 << 64) - 1
 STATELESS_DEVICES = {(1, 3): "/dev/null", (1, 5): "/dev/zero", (1, 7): "/dev/full", (1, 8): "/dev/random",
                      (1, 9): "/dev/urandom"}
 STATUS_FLAGS = os.O_APPEND | os.O_NONBLOCK | os.O_DIRECT | os.O_NOATIME | 0o20000  # O_ASYNC
-UNSUPPORTED_ANON = {"[timerfd]": "a timerfd", "[signalfd]": "a signalfd", "inotify": "an inotify instance",
+UNSUPPORTED_ANON = {"[timerfd]": "a timerfd", "[signalfd]": "a signalfd",
                     "[io_uring]": "an io_uring", "[fanotify]": "a fanotify group", "[pidfd]": "a pidfd",
                     "[userfaultfd]": "a userfaultfd", "bpf-map": "a BPF map", "bpf-prog": "a BPF program",
                     "[perf_event]": "a perf event"}
@@ -62,6 +63,8 @@ class _Reading:
     files: list[OpenFile] = field(default_factory=list)
     watches: list[Watch] = field(default_factory=list)
     by_inode: dict[tuple[int, int], int] = field(default_factory=dict)  # shared memory copies, by (dev, inode)
+    copies_in_use: set[int] = field(default_factory=set)  # copies already an open file of some descriptor
+    mapped_files: dict[tuple[int, int], int] = field(default_factory=dict)  # files a mapping moves onto
 
     def add(self, **kwargs: object) -> int:
         oid = len(self.files)
@@ -256,6 +259,12 @@ def _file_object(reading: _Reading, group: list[_Fd]) -> int:
             return reading.add(kind="eventfd", count=count, flags=head.flags & STATUS_FLAGS)
         if what == "[eventpoll]":
             return reading.add(kind="epoll", flags=head.flags & STATUS_FLAGS)
+        if what == "inotify":
+            queued = queued_bytes(head.host_pid, head.num)
+            if queued:
+                raise TreeForkRefused(head.culprit, f"an inotify instance with {queued} bytes of events queued")
+            watches = inotify_watches(head.host_pid, head.info, reading.root, head.culprit)
+            return reading.add(kind="inotify", watches=tuple(watches), flags=head.flags & STATUS_FLAGS)
         raise TreeForkRefused(head.culprit, UNSUPPORTED_ANON.get(what, f"an unknown kind of file ({what})"))
     proc_path = f"/proc/{head.host_pid}/fd/{head.num}"
     st = os.stat(proc_path)
@@ -266,18 +275,22 @@ def _file_object(reading: _Reading, group: list[_Fd]) -> int:
             seals = _seals(fd)
         finally:
             os.close(fd)
-        return _shared_memory_oid(reading, (st.st_dev, st.st_ino), "memfd", name, head.host_pid,
-                                  f"fd/{head.num}", seals, head.pos)
+        return _open_copy(reading, head, _shared_memory_oid(reading, (st.st_dev, st.st_ino), "memfd", name,
+                                                            head.host_pid, f"fd/{head.num}", seals, head.pos))
     device = STATELESS_DEVICES.get((os.major(st.st_rdev), os.minor(st.st_rdev))) if stat.S_ISCHR(st.st_mode) \
         else None
     if device is not None:  # wherever it was opened (a launcher's /dev/null is outside the tree's root)
         return reading.add(kind="file", path=device, flags=head.flags & ~os.O_CLOEXEC)
     path = inside(link, reading.root, head.culprit)
-    if path.startswith("/dev/shm/") and stat.S_ISREG(st.st_mode):
-        return _shared_memory_oid(reading, (st.st_dev, st.st_ino), "shm", path, head.host_pid, f"fd/{head.num}",
-                                  offset=head.pos)
-    if link.endswith(" (deleted)"):
-        raise TreeForkRefused(head.culprit, "a deleted file")
+    if (path.startswith("/dev/shm/") or link.endswith(" (deleted)")) and stat.S_ISREG(st.st_mode):
+        # a /dev/shm file, or a ghost (a deleted file: made again at its path, filled with its contents, unlinked)
+        return _open_copy(reading, head, _shared_memory_oid(reading, (st.st_dev, st.st_ino), "shm", path,
+                                                            head.host_pid, f"fd/{head.num}", offset=head.pos))
+    if path.startswith("/proc/") and stat.S_ISREG(st.st_mode):
+        # opened again by its process's helper in the clone's /proc (Chromium keeps /proc/self/statm open)
+        if len({fd.host_pid for fd in group}) > 1:
+            raise TreeForkRefused(head.culprit, "a /proc file open in two processes (not reproduced)")
+        return reading.add(kind="proc", path=path, flags=head.flags & ~os.O_CLOEXEC, offset=head.pos)
     if stat.S_ISREG(st.st_mode):
         return reading.add(kind="file", path=path, flags=head.flags & ~os.O_CLOEXEC, offset=head.pos)
     if stat.S_ISDIR(st.st_mode):
@@ -285,6 +298,16 @@ def _file_object(reading: _Reading, group: list[_Fd]) -> int:
     kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else \
         "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a file of an unknown type"
     raise TreeForkRefused(head.culprit, f"{kind} (not reproduced)")
+
+
+def _open_copy(reading: _Reading, head: _Fd, copy: int) -> int:
+    """The open file of a shared-memory copy a group of descriptors has: the copy itself (opened read-write) for
+    the first read-write one, else the copy opened again with the group's access mode and position (Chromium hands
+    its renderers read-only descriptors of its memfds)."""
+    if head.flags & os.O_ACCMODE == os.O_RDWR and copy not in reading.copies_in_use:
+        reading.copies_in_use.add(copy)
+        return copy
+    return reading.add(kind="reopen", peer=copy, flags=head.flags & (os.O_ACCMODE | STATUS_FLAGS), offset=head.pos)
 
 
 def _seals(fd: int) -> int:
@@ -316,8 +339,10 @@ def _epoll_watches(reading: _Reading, fds: list[_Fd]) -> None:
 
 
 def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
-    """The mappings of shared memory (memfd, /dev/shm) the clone takes from its own copy; SysV shared memory and
-    shared writable mappings of other files are refused."""
+    """The mappings the clone takes from its own copy of their file: of shared memory (memfd, /dev/shm), shared
+    mappings of a deleted file (its ghost copy) and writable shared mappings of a file on a writable mount (the
+    clone's file at its path, in the clone's snapshot). Read-only shared mappings of a file, or any of a file on a
+    read-only mount, stay as fork() leaves them (glibc maps its gconv cache so); SysV shared memory is refused."""
     out = []
     smaps = Path(f"/proc/{host_pid}/smaps").read_text()
     anon_kb: dict[str, int] = {}
@@ -351,8 +376,22 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
                 oid = _shared_memory_oid(reading, key, "shm", inside(name, reading.root, culprit), host_pid,
                                          f"map_files/{where}")
             out.append(Remap(source_pid=host_pid, where=where, oid=oid))
-        elif shared and perms[1] == "w" and name and not name.startswith("["):
-            raise TreeForkRefused(culprit, "a shared writable mapping of a file (not reproduced yet)")
+        elif shared and name.startswith("/dev/zero"):
+            raise TreeForkRefused(culprit, "a shared anonymous mapping (not reproduced yet)")
+        elif shared and name.startswith("/") and int(inode):
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+            source = f"/proc/{host_pid}/map_files/{where}"
+            if name.endswith(" (deleted)"):
+                oid = _shared_memory_oid(reading, key, "shm", inside(name, reading.root, culprit), host_pid,
+                                         f"map_files/{where}")
+            elif perms[1] != "w" or os.statvfs(source).f_flag & os.ST_RDONLY:
+                continue  # as fork() leaves it: both map one file they cannot write through it, or cannot write
+            else:
+                if key not in reading.mapped_files:
+                    reading.mapped_files[key] = reading.add(kind="file", path=inside(name, reading.root, culprit),
+                                                            flags=os.O_RDWR)
+                oid = reading.mapped_files[key]
+            out.append(Remap(source_pid=host_pid, where=where, oid=oid))
     return out
 
 
