@@ -74,6 +74,7 @@
 #include "../include/uapi/linux/bunshin.h"
 
 #define MAX_OBJS	65536
+#define SOCKET_PASSCRED	1	/* envs/runtime/treefork/plan.py */
 #define MAX_PROCS	4096
 #define MAX_LINE	8192
 
@@ -98,6 +99,7 @@ struct obj {
 	int nwatches;			/* OBJ_INOTIFY: its watches, by ascending descriptor number */
 	struct inotify_watch *watches;
 	int listener;		/* OBJ_ACCEPTED: the listener's object */
+	int options;		/* a socket pair's end: SOCKET_PASSCRED (SO_PASSCRED) */
 	pid_t src_pid;		/* a socket pair's end: the source process and descriptor its bytes come from */
 	int src_fd;
 };
@@ -341,9 +343,10 @@ static void parse_obj(char *line)
 			die("plan: bad accepted: %s", line);
 	} else if (!strcmp(kind, "socketpair") || !strcmp(kind, "socketpair_b")) {
 		o->kind = kind[10] ? OBJ_SOCKETPAIR_B : OBJ_SOCKETPAIR;
-		if (sscanf(line, "obj %*d %*s %d %d %d", o->kind == OBJ_SOCKETPAIR ? &o->type : &o->peer,
-			   &o->src_pid, &o->src_fd) != 3)
+		if (sscanf(line, "obj %*d %*s %d %d %d %d", o->kind == OBJ_SOCKETPAIR ? &o->type : &o->peer,
+			   &o->src_pid, &o->src_fd, &o->options) != 4)
 			die("plan: bad %s: %s", kind, line);
+		o->path = rest(line, 7);
 	} else if (!strcmp(kind, "unix_listen") || !strcmp(kind, "unix")) {
 		o->kind = kind[4] ? OBJ_UNIX_LISTEN : OBJ_UNIX;
 		if (sscanf(line, "obj %*d %*s %d", &o->type) != 1)
@@ -572,14 +575,12 @@ static void copy_in_flight(int src, int into)
 	free(buf);
 }
 
-static int unix_bound(int type, const char *name, int listening)
+/* @fd bound to @name ("@name" abstract, "-" none) */
+static void bind_unix(int fd, const char *name)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	socklen_t len = sizeof(addr);
-	int fd = socket(AF_UNIX, type, 0);
 
-	if (fd < 0)
-		die("socket(AF_UNIX)");
 	if (strcmp(name, "-")) {
 		if (strlen(name) >= sizeof(addr.sun_path))
 			die("a Unix socket name too long: %s", name);
@@ -595,6 +596,15 @@ static int unix_bound(int type, const char *name, int listening)
 		if (bind(fd, (struct sockaddr *)&addr, len))
 			die("bind %s", name);
 	}
+}
+
+static int unix_bound(int type, const char *name, int listening)
+{
+	int fd = socket(AF_UNIX, type, 0);
+
+	if (fd < 0)
+		die("socket(AF_UNIX)");
+	bind_unix(fd, name);
 	if (listening && listen(fd, SOMAXCONN))
 		die("listen %s", name);
 	return fd;
@@ -628,6 +638,16 @@ static int tcp_listener(int family, int port, const char *address)
 	if (bind(fd, (struct sockaddr *)&addr, len) || listen(fd, SOMAXCONN))
 		die("listening at %s:%d", address, port);
 	return fd;
+}
+
+/* a socket pair's end: its source's options, and its name (an autobound one, with SO_PASSCRED) */
+static void pair_end(struct obj *o)
+{
+	int one = 1;
+
+	if (o->options & SOCKET_PASSCRED && setsockopt(o->fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)))
+		die("SO_PASSCRED");
+	bind_unix(o->fd, o->path);
 }
 
 /*
@@ -745,6 +765,7 @@ static void make_obj(int id)
 		o->fd = ends[0];
 		o->peer = high(ends[1]);	/* the other end, taken by its OBJ_SOCKETPAIR_B */
 		copy_in_flight(o->src, o->peer);
+		pair_end(o);
 		break;
 	case OBJ_ACCEPTED: {
 		/* connected to the clone's listener and accepted there: it has the listener's name */
@@ -773,6 +794,7 @@ static void make_obj(int id)
 			die("plan: socketpair_b %d names no socket pair", id);
 		o->fd = objs[o->peer].peer;
 		copy_in_flight(o->src, objs[o->peer].fd);
+		pair_end(o);
 		break;
 	case OBJ_UNIX_LISTEN:
 	case OBJ_UNIX:

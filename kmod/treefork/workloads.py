@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bunshin.envs.runtime import syscalls as sys_
 from bunshin.envs.runtime.treefork.fork import TreeForkBuild
-from bunshin.envs.runtime.treefork.oracle import compare, describe, diverge, pagemap_frame
+from bunshin.envs.runtime.treefork.oracle import compare, describe, diverge, memory_difference, pagemap_frame
 from bunshin.envs.runtime.treefork.reader import read_tree
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -194,10 +194,18 @@ def containers() -> Iterator[list[Container]]:
             end(box)
 
 
-def oracle(source: Container, clone: Container) -> list[str]:
+def oracle(source: Container, clone: Container, pages_per_mapping: int = 4) -> list[str]:
+    """The oracle's differences and the divergence's failures (``pages_per_mapping`` private pages written into each
+    mapping of each side)."""
     started = time.monotonic()
     problems = compare(describe(source.init), describe(clone.init))
-    failures, tried, shared = diverge(source.init, clone.init)
+    hosts = [{_ns_pid(p): p for p in _tree(box.init)} for box in (source, clone)]
+    for n, problem in enumerate(problems):  # what a memory difference is, to say why
+        words = problem.split()
+        if len(words) > 3 and words[2] == "memory" and int(words[1]) in hosts[0] and int(words[1]) in hosts[1]:
+            problems[n] += ": " + memory_difference(hosts[0][int(words[1])], hosts[1][int(words[1])],
+                                            words[3].rstrip(":"))
+    failures, tried, shared = diverge(source.init, clone.init, pages_per_mapping)
     say(f"oracle: {len(problems)} differences; divergence: {tried} private pages written on each side, "
         f"{shared} of them shared before the write, {len(failures)} seen across ({time.monotonic() - started:.1f} s)")
     return problems + failures
@@ -574,13 +582,13 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
         say(f"the source loaded {title!r} in {180 - (deadline - time.monotonic()):.0f} s")
         before = ax_names(source)
         source.freeze(True)
-        clone, ms = fork(source, "chromium-1", args.builder, made)
+        clone, ms = fork(source, "chromium-1", args.builder, made)  # its mappings: hundreds (one page each, TCG)
         plan = clone.build.plan if clone.build else None
         say(f"grafted in {ms:.1f} ms, {len(plan.processes) if plan else 0} processes "
             f"({sum(p.placeholder for p in plan.processes) if plan else 0} session placeholders), "
             f"{len(plan.files) if plan else 0} open files, "
             f"{sum(len(p.remaps) for p in plan.processes) if plan else 0} mappings moved onto copies")
-        problems += oracle(source, clone)
+        problems += oracle(source, clone, pages_per_mapping=1)
         source.freeze(False)
         clone.freeze(False)
         started = time.monotonic()

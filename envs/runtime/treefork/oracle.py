@@ -119,6 +119,20 @@ def _inside_roots(maps: object, roots: tuple[str, ...]) -> set[tuple[str, ...]]:
     return out
 
 
+WIPED_ZERO = "wipe-on-fork, zero"
+
+
+def _wipe_on_fork(host_pid: int) -> set[str]:
+    """The mappings (START-END) marked MADV_WIPEONFORK (``wf`` in smaps' VmFlags)."""
+    out, current = set(), ""
+    for line in Path(f"/proc/{host_pid}/smaps").read_text().splitlines():
+        if (m := MAPS.match(line)) is not None:
+            current = f"{m.group(1)}-{m.group(2)}"
+        elif line.startswith("VmFlags:") and " wf" in line:
+            out.add(current)
+    return out
+
+
 def _private_pages(pagemap: BinaryIO, lo: int, hi: int) -> list[int]:
     """The addresses in [lo, hi) whose page is present and anonymous (a private copy, not the file's page)."""
     pagemap.seek(lo // 4096 * 8)
@@ -135,10 +149,17 @@ def _memory_hashes(host_pid: int) -> dict[str, str]:
     pages of its own only (a relocated library's RELRO, say): its other pages are the file's, the same file on both
     sides (the maps compare names and offsets)."""
     out = {}
+    wiped = _wipe_on_fork(host_pid)
     with open(f"/proc/{host_pid}/mem", "rb", buffering=0) as mem, \
             open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as pagemap:
         for start, end, perms, _, name in _maps(host_pid):
             if perms[0] != "r" or name in SKIPPED_MAPPINGS:
+                continue
+            if f"{start}-{end}" in wiped:
+                # MADV_WIPEONFORK (BoringSSL's fork detection): a fork's child, and a clone, must find it zeroed
+                mem.seek(int(start, 16))
+                zero = not mem.read(int(end, 16) - int(start, 16)).strip(b"\0")
+                out[f"{start}-{end}"] = WIPED_ZERO if zero else "wipe-on-fork, not zero"
                 continue
             lo, hi = int(start, 16), int(end, 16)
             h = hashlib.blake2b(digest_size=16)
@@ -159,6 +180,40 @@ def _memory_hashes(host_pid: int) -> dict[str, str]:
                     h.update(f"unreadable at {at:x}: {e.errno}".encode())
             out[f"{start}-{end}"] = h.hexdigest()
     return out
+
+
+# the calls that run with a temporary signal mask, by x86-64 number: rt_sigsuspend, pselect6, ppoll, epoll_pwait,
+# epoll_pwait2
+MASK_CALLS = {130: "rt_sigsuspend", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 441: "epoll_pwait2"}
+
+
+def _mask_call(host_pid: int) -> str:
+    """The call a process's main thread waits in with a temporary signal mask, or ""."""
+    try:
+        words = Path(f"/proc/{host_pid}/syscall").read_text().split()
+    except OSError:
+        return ""
+    return MASK_CALLS.get(int(words[0]), "") if words and words[0].lstrip("-").isdigit() else ""
+
+
+def memory_difference(source_pid: int, clone_pid: int, where: str) -> str:
+    """Where two processes' mapping ``where`` (START-END) first differs, with the bytes around it on each side and
+    what maps it (to say why a "contents differ" is what it is)."""
+    lo, hi = (int(x, 16) for x in where.split("-"))
+    name = next((f"{perms} {n or '[anonymous]'}" for s, e, perms, _, n in _maps(source_pid) if f"{s}-{e}" == where),
+                "?")
+    with open(f"/proc/{source_pid}/mem", "rb", buffering=0) as a, open(f"/proc/{clone_pid}/mem", "rb",
+                                                                        buffering=0) as b:
+        for page in range(lo, hi, 4096):
+            a.seek(page)
+            b.seek(page)
+            x, y = a.read(4096), b.read(4096)
+            if x != y:
+                at = next(i for i in range(min(len(x), len(y))) if x[i] != y[i]) if len(x) == len(y) else 0
+                count = sum(1 for i in range(min(len(x), len(y))) if x[i] != y[i])
+                return (f"{where} ({name}): {count} bytes differ in page {page:x}, the first at +{at:#x}: source "
+                        f"{x[at:at + 16].hex()} clone {y[at:at + 16].hex()}")
+    return f"{where} ({name}): no byte differs now"
 
 
 def _mounts(host_pid: int, root: str) -> list[tuple[str, str]]:
@@ -197,7 +252,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
         view[pid] = {
             "ppid": ns_of.get(int(st["PPid"]), 0), "sid": last(st["NSsid"]), "pgid": last(st["NSpgid"]),
             "comm": st["Name"], "uid": st["Uid"], "gid": st["Gid"], "groups": st["Groups"],
-            "sigblk": st["SigBlk"], "sigign": st["SigIgn"], "sigcgt": st["SigCgt"],
+            "sigblk": st["SigBlk"], "mask_call": _mask_call(host_pid), "sigign": st["SigIgn"], "sigcgt": st["SigCgt"],
             "threads": threads, "cwd": inside(os.readlink(f"/proc/{host_pid}/cwd"), root, f"pid {pid}"),
             "fds": fds, "maps": _maps(host_pid), "root": root, "memory": _memory_hashes(host_pid),
             "mounts": _mounts(host_pid, root),
@@ -213,7 +268,9 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
     for pid in sorted(source):
         s, c = source[pid], clone[pid]
         for key in s:
-            if key in ("fds", "memory", "maps", "root"):
+            if key in ("fds", "memory", "maps", "root", "mask_call") or (key == "sigblk" and s["mask_call"]):
+                # a source waiting in ppoll() (say) shows its temporary mask; the clone has the saved one and
+                # restarts the call, which sets the temporary one again
                 continue
             if s[key] != c[key]:
                 out.append(f"pid {pid} {key}: source {s[key]!r}, clone {c[key]!r}")
@@ -229,6 +286,8 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
         sh, ch = s["memory"], c["memory"]
         assert isinstance(sh, dict) and isinstance(ch, dict)
         for where in sorted(set(sh) | set(ch)):
+            if str(sh.get(where, "")).startswith("wipe-on-fork") and ch.get(where) == WIPED_ZERO:
+                continue  # the source's is what it wrote; the clone's must be zero, as a fork child's is
             if sh.get(where) != ch.get(where):
                 out.append(f"pid {pid} memory {where}: contents differ")
     return out

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+SOCKET_PASSCRED = 1  # OpenFile.options: the socket passes credentials (SO_PASSCRED)
+
 
 class InotifyWatch(msgspec.Struct, frozen=True):
     """One watch of an inotify instance: its descriptor number, event mask and what it watches (a path in the
@@ -29,7 +31,8 @@ class OpenFile(msgspec.Struct, frozen=True):
     ``path``) or ``shm`` (a copy of a /dev/shm file at ``path`` in the clone's root, unlinked when ``count`` is 1),
     copied from ``/proc/<source_pid>/<source_where>``, ``epoll`` (its interest list is ``Watch``es); sockets:
     ``socketpair`` (a connected Unix pair of type ``count``, whose other end is the ``socketpair_b`` naming it as
-    ``peer``; each end's bytes in flight are copied from the source's descriptor ``source_where``), ``accepted``
+    ``peer``; each end's bytes in flight are copied from the source's descriptor ``source_where``; an end bound to a
+    name, ``path`` (an autobound abstract one: it had ``SO_PASSCRED``), is bound to it again), ``accepted``
     (the same, but made by connecting to the clone's listener ``peer`` and accepting: it keeps the listener's
     name, as an accepted connection does), ``unix_listen``
     (type ``count``, listening at ``path``, "@name" for an abstract name), ``unix`` (unconnected, bound to ``path``
@@ -53,6 +56,7 @@ class OpenFile(msgspec.Struct, frozen=True):
     pipe_size: int = 0
     source_pid: int = 0  # in the builder's pid namespace
     source_where: str = ""  # "fd/N" or "map_files/START-END" under /proc/<source_pid>
+    options: int = 0  # a socket pair's end: SOCKET_PASSCRED
     protocol: int = 0  # a netlink socket's
     port: int = 0
     groups: int = 0
@@ -147,12 +151,10 @@ def render(plan: TreePlan) -> str:
                        f"{f.offset} {f.path}")
         elif f.kind == "epoll":
             out.append(f"obj {f.oid} epoll")
-        elif f.kind == "socketpair":
-            out.append(f"obj {f.oid} socketpair {f.count} {f.source_pid} {f.source_where.removeprefix('fd/')}")
-        elif f.kind == "accepted":
-            out.append(f"obj {f.oid} accepted {f.peer} {f.source_pid} {f.source_where.removeprefix('fd/')}")
-        elif f.kind == "socketpair_b":
-            out.append(f"obj {f.oid} socketpair_b {f.peer} {f.source_pid} {f.source_where.removeprefix('fd/')}")
+        elif f.kind in ("socketpair", "accepted", "socketpair_b"):
+            first = f.count if f.kind == "socketpair" else f.peer
+            out.append(f"obj {f.oid} {f.kind} {first} {f.source_pid} {f.source_where.removeprefix('fd/')} "
+                       f"{f.options} {f.path or '-'}")
         elif f.kind in ("unix_listen", "unix"):
             out.append(f"obj {f.oid} {f.kind} {f.count} {f.path or '-'}")
         elif f.kind == "tcp_listen":

@@ -24,7 +24,7 @@ from .. import syscalls
 from ..syscalls import same_open_file
 from .errors import TreeForkRefused
 from .inotify import inotify_watches, queued_bytes
-from .plan import Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
+from .plan import SOCKET_PASSCRED, Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
 from .procfs import MAPS, inside, last, status, walk
 from .sockets import ESTABLISHED, LISTEN, NetlinkSocket, netlink_sockets, unix_sockets
 
@@ -185,9 +185,11 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
                                   source_pid=head.host_pid, source_where=f"fd/{head.num}")
             else:
                 oid = reading.add(kind="socketpair", count=unix.type, flags=head.flags & STATUS_FLAGS,
-                                  source_pid=head.host_pid, source_where=f"fd/{head.num}")
+                                  source_pid=head.host_pid, source_where=f"fd/{head.num}", path=unix.name,
+                                  options=_socket_options(head))
             peer_oid = reading.add(kind="socketpair_b", peer=oid, flags=peer[0].flags & STATUS_FLAGS,
-                                   source_pid=peer[0].host_pid, source_where=f"fd/{peer[0].num}")
+                                   source_pid=peer[0].host_pid, source_where=f"fd/{peer[0].num}", path=other.name,
+                                   options=_socket_options(peer[0]))
             for fd in peer:
                 fd.oid = peer_oid
         elif unix.state == ESTABLISHED:
@@ -196,6 +198,17 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
             oid = reading.add(kind="unix", path=unix.name, count=unix.type, flags=head.flags & STATUS_FLAGS)
         for fd in group:
             fd.oid = oid
+
+
+def _socket_options(fd: _Fd) -> int:
+    """The options of a socket pair's end the clone's must have too (``SO_PASSCRED``)."""
+    pidfd = os.pidfd_open(fd.host_pid)
+    try:
+        dup = syscalls.pidfd_getfd(pidfd, fd.num)
+    finally:
+        os.close(pidfd)
+    with socket.socket(fileno=dup) as sock:
+        return SOCKET_PASSCRED if sock.getsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED) else 0
 
 
 def _other_socket(reading: _Reading, group: list[_Fd], netlink: dict[int, NetlinkSocket]) -> None:
