@@ -105,6 +105,15 @@ def pidfd_getfd(pidfd: int, target_fd: int) -> int:
                                 ctypes.c_uint(0)), f"pidfd_getfd({pidfd}, {target_fd})")
 
 
+def descriptor_of(pid: int, target_fd: int) -> int:
+    """A copy (close-on-exec) of descriptor ``target_fd`` of process ``pid`` (pidfd_open, then pidfd_getfd)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        return pidfd_getfd(pidfd, target_fd)
+    finally:
+        os.close(pidfd)
+
+
 def sethostname(name: str) -> None:
     raw = name.encode()
     _check(_libc.sethostname(raw, len(raw)), f"sethostname({name!r})")

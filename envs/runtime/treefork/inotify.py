@@ -104,11 +104,7 @@ def inotify_watches(host_pid: int, fdinfo: str, root: str, culprit: str) -> list
 
 def queued_bytes(host_pid: int, num: int) -> int:
     """The bytes of events waiting in an inotify instance's queue (FIONREAD on a copy of its descriptor)."""
-    pidfd = os.pidfd_open(host_pid)
-    try:
-        dup = syscalls.pidfd_getfd(pidfd, num)
-    finally:
-        os.close(pidfd)
+    dup = syscalls.descriptor_of(host_pid, num)
     try:
         return int(struct.unpack("i", fcntl.ioctl(dup, 0x541B, b"\0\0\0\0"))[0])  # FIONREAD
     finally:

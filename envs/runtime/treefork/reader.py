@@ -202,12 +202,7 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
 
 def _socket_options(fd: _Fd) -> int:
     """The options of a socket pair's end the clone's must have too (``SO_PASSCRED``)."""
-    pidfd = os.pidfd_open(fd.host_pid)
-    try:
-        dup = syscalls.pidfd_getfd(pidfd, fd.num)
-    finally:
-        os.close(pidfd)
-    with socket.socket(fileno=dup) as sock:
+    with socket.socket(fileno=syscalls.descriptor_of(fd.host_pid, fd.num)) as sock:
         return SOCKET_PASSCRED if sock.getsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED) else 0
 
 
@@ -215,12 +210,7 @@ def _other_socket(reading: _Reading, group: list[_Fd], netlink: dict[int, Netlin
     """A TCP listener (its address, again in the clone's network namespace), a netlink socket (its protocol, port
     id and groups, again in the clone's network namespace, with nothing in flight); any other socket is refused."""
     head = group[0]
-    pidfd = os.pidfd_open(head.host_pid)
-    try:
-        dup = syscalls.pidfd_getfd(pidfd, head.num)
-    finally:
-        os.close(pidfd)
-    with socket.socket(fileno=dup) as sock:
+    with socket.socket(fileno=syscalls.descriptor_of(head.host_pid, head.num)) as sock:
         family, stype = sock.family, sock.type
         listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         address = sock.getsockname() if family in (socket.AF_INET, socket.AF_INET6) else None
