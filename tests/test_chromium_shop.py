@@ -6,7 +6,6 @@ clone a Chromium of its own brought to the source's state and checked equal."""
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import pytest
 
 from bunshin.envs import ToolCall
 from bunshin.envs.chromium.browser import BINARY
+from bunshin.envs.images.recipes import recipe
+from bunshin.envs.images.store import ImageStore
 from bunshin.envs.runtime.image import AGENT_UID
 from bunshin.envs.webshop.suite import WebShopSuite
 
@@ -21,8 +22,11 @@ from .shop_server import CATALOG_SIZE, PRODUCTS, product_url
 
 pytestmark = pytest.mark.asyncio
 
-if not os.path.exists(BINARY):  # CI installs it (scripts/setup.sh); a bare checkout says what is missing
-    pytest.fail(f"Chromium is not installed ({BINARY}): run ./scripts/setup.sh", pytrace=False)
+# Chromium runs from the workspace image `chromium` (not the host's /usr): CI builds it (scripts/setup.sh
+# --all-images); a bare checkout says what is missing
+if ImageStore().find(recipe("chromium")) is None:
+    pytest.fail(f"the workspace image `chromium` (Debian's Chromium, {BINARY}) is not built: run ./scripts/setup.sh "
+                "--all-images", pytrace=False)
 
 SHOP = "http://127.0.0.1:7770"
 SEARCH = "Search entire store here..."
