@@ -33,6 +33,7 @@ from bunshin.envs.runtime import syscalls as sys_
 from bunshin.envs.runtime.treefork.fork import TreeForkBuild
 from bunshin.envs.runtime.treefork.oracle import compare, describe, diverge, memory_difference, pagemap_frame
 from bunshin.envs.runtime.treefork.reader import read_tree
+from bunshin.envs.runtime.treefork.sockets import in_network_namespace
 
 CGROUP = Path("/sys/fs/cgroup")
 WORK = Path("/tmp/treefork")
@@ -490,9 +491,8 @@ CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--remote-debugging-port=922
 
 def cdp(box: Container, calls: list[tuple[str, dict[str, object]]], timeout: float = 120.0) -> list[dict]:
     """The replies of the Chromium in ``box`` to DevTools calls on its page, over its debugging port in the box's
-    network namespace (a thread of our own enters it; the calls run on an event loop in that thread)."""
+    network namespace (the calls run on an event loop in a thread that entered it)."""
     import asyncio
-    import threading
 
     import aiohttp
 
@@ -509,28 +509,7 @@ def cdp(box: Container, calls: list[tuple[str, dict[str, object]]], timeout: flo
                     out.append(msg)
                 return out
 
-    replies: list[dict] = []
-    failure: list[BaseException] = []
-
-    def in_its_namespace() -> None:
-        try:
-            fd = os.open(f"/proc/{box.init}/ns/net", os.O_RDONLY)
-            try:
-                sys_.setns(fd, sys_.CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            replies.extend(asyncio.run(calls_on_page()))
-        except BaseException as e:  # handed to the caller
-            failure.append(e)
-
-    thread = threading.Thread(target=in_its_namespace, name=f"cdp-{box.name}", daemon=True)
-    thread.start()
-    thread.join(timeout + 10)
-    if failure:
-        raise failure[0]
-    if thread.is_alive():
-        raise TimeoutError(f"DevTools of {box.name} did not answer in {timeout:.0f} s")
-    return replies
+    return in_network_namespace(box.init, lambda: asyncio.run(calls_on_page()), timeout + 10)
 
 
 def ax_names(box: Container) -> list[tuple[str, str]]:

@@ -2,7 +2,7 @@
 namespace): each socket's type, state, bound name, peer, pending connections and queued bytes, by inode; and of its
 netlink sockets (``/proc/PID/net/netlink``): protocol, port id, groups and queued bytes.
 
-Owns: ``unix_sockets`` (one dump of a network namespace's Unix sockets) and ``UnixSocket``; ``netlink_sockets`` and
+Owns: ``in_network_namespace`` (work on a thread inside a tree's network namespace), ``unix_sockets`` (one dump of a network namespace's Unix sockets) and ``UnixSocket``; ``netlink_sockets`` and
 ``NetlinkSocket``. Which of them a clone can have again, and how, is ``reader.py``'s.
 Must never: change the namespace of the calling thread (the dump is asked from a thread of its own).
 """
@@ -13,11 +13,14 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .. import syscalls
 
+T = TypeVar("T")
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
@@ -100,9 +103,10 @@ def _dump(sock: socket.socket) -> dict[int, UnixSocket]:
             at += (length + 3) & ~3
 
 
-def unix_sockets(host_pid: int) -> dict[int, UnixSocket]:
-    """Every Unix socket of the network namespace of ``host_pid``, by inode."""
-    result: dict[int, UnixSocket] = {}
+def in_network_namespace(host_pid: int, work: Callable[[], T], timeout: float | None = None) -> T:
+    """``work()``'s result, run on a thread of its own that entered the network namespace of ``host_pid`` (the
+    calling thread's stays as it is); its exception is raised here, and TimeoutError after ``timeout`` seconds."""
+    result: list[T] = []
     failure: list[BaseException] = []
 
     def in_its_namespace() -> None:
@@ -112,14 +116,24 @@ def unix_sockets(host_pid: int) -> dict[int, UnixSocket]:
                 syscalls.setns(fd, syscalls.CLONE_NEWNET)
             finally:
                 os.close(fd)
-            with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
-                result.update(_dump(sock))
+            result.append(work())
         except BaseException as e:  # handed to the caller's thread
             failure.append(e)
 
-    thread = threading.Thread(target=in_its_namespace, name="treefork-sock-diag")
+    thread = threading.Thread(target=in_its_namespace, name=f"netns-{host_pid}", daemon=True)
     thread.start()
-    thread.join()
+    thread.join(timeout)
     if failure:
         raise failure[0]
-    return result
+    if not result:
+        raise TimeoutError(f"nothing from the network namespace of pid {host_pid} in {timeout} s")
+    return result[0]
+
+
+def unix_sockets(host_pid: int) -> dict[int, UnixSocket]:
+    """Every Unix socket of the network namespace of ``host_pid``, by inode."""
+    def dump() -> dict[int, UnixSocket]:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
+            return _dump(sock)
+
+    return in_network_namespace(host_pid, dump)
