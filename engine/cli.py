@@ -1,5 +1,6 @@
 """The ``bunshin`` command line: ``doctor``, ``demo``, ``eval``, ``replay``, ``suite check``, ``bench fork``,
-``bench memory``, ``bench sharing``, ``bench epoch``, ``bench selector``, ``bench scale``, ``bench graft``.
+``bench memory``, ``bench sharing``, ``bench epoch``, ``bench selector``, ``bench scale``, ``bench graft``,
+``bench treefork``.
 
 Owns: the parser and the dispatch; every command's work lives in its own module (``commands/``, ``bench/``), the
 flags several share in ``commands/flags.py``. ``main`` is the one place an error becomes an exit status.
@@ -222,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                "a QEMU VM (kmod/vmtest)")
     bench_graft.add_arguments(graft)
 
+    from .bench import treefork as bench_treefork
+
+    tree = bench_sub.add_parser("treefork", help="the tree fork against CRIU 3.17 and a cold start of real "
+                                                 "workloads (Chromium, an X desktop), in a QEMU VM (kmod/vmtest)")
+    bench_treefork.add_arguments(tree)
+
     from .bench import selector as bench_selector
 
     sel = bench_sub.add_parser("selector", help="the Spec Tool Selector's accuracy on recorded epochs, per detour "
@@ -434,6 +441,10 @@ def run(args: argparse.Namespace) -> int:
         from .bench import graft as bench_graft
 
         return bench_graft.command(args)
+    if args.command == "bench" and args.bench == "treefork":
+        from .bench import treefork as bench_treefork
+
+        return bench_treefork.command(args)
     if args.command == "bench" and args.bench == "selector":
         from .bench import selector as bench_selector
 

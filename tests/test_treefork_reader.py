@@ -324,3 +324,28 @@ def test_a_proc_file_is_planned_for_its_process_to_open_in_the_clones_proc(tree:
     [proc] = [f for f in plan.files if f.kind == "proc"]
     assert proc.path == "/proc/1/statm" and proc.offset == 3 and proc.flags & os.O_ACCMODE == os.O_RDONLY
     assert f"obj {proc.oid} proc {proc.flags} 3 /proc/1/statm\n" in render(plan)
+
+
+def test_an_inotify_watch_on_a_file_system_without_file_handles_is_found_by_its_inode(
+        tree: list[Tree], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on the VM's 9p: the handles do not open, the watched inodes are searched for, in every mount of their file
+    system together (the paths are the same as through the handles), a bounded search whose findings are kept."""
+    from bunshin.envs.runtime.treefork import inotify
+
+    def no_handles(*_: object) -> int:
+        raise OSError(95, "Operation not supported")
+
+    (tmp_path / "b" / "c").mkdir(parents=True)
+    code = (f"import ctypes\nc = ctypes.CDLL(None); i = c.inotify_init1(0o4000)\n"
+            f"c.inotify_add_watch(i, b'{tmp_path}/b/c', 0x100)\nc.inotify_add_watch(i, b'{tmp_path}', 0x200)\n")
+    t = python_tree(tree, code)
+    monkeypatch.setattr(inotify.syscalls, "open_by_handle_at", no_handles)
+    plan = read_tree(t.init, hostname="box")
+    [ino] = [f for f in plan.files if f.kind == "inotify"]
+    assert [(w.wd, w.path) for w in ino.watches] == [(1, f"{tmp_path}/b/c"), (2, str(tmp_path))]
+    monkeypatch.setattr(inotify, "SEARCH_DIRS", 1)  # bounded: one directory read finds neither...
+    again = read_tree(t.init, hostname="box")  # ...but what was found is known while it names the same inodes
+    assert [w.path for f in again.files for w in f.watches] == [w.path for w in ino.watches]
+    monkeypatch.setattr(inotify, "_FOUND", {})
+    with pytest.raises(TreeForkRefused, match=r"watch \d names a file no mount of the tree reaches"):
+        read_tree(t.init, hostname="box")

@@ -55,6 +55,7 @@ class Container:
     launcher: subprocess.Popen[bytes] | None = None
     mounts: list[Path] = field(default_factory=list)
     image: Path | None = None  # the root file system whose /usr and /etc it runs on (None: the host's)
+    steps_ms: dict[str, float] = field(default_factory=dict)  # for a clone: how long each step of its fork took
 
     def freeze(self, frozen: bool) -> None:
         (self.cgroup / "cgroup.freeze").write_text("1" if frozen else "0")
@@ -111,19 +112,23 @@ def make_root(base: Path, tmp_from: Path | None, image: Path | None = None) -> t
     return root, mounts
 
 
-def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None) -> Container:
+def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None,
+          network: bool = False) -> Container:
     """Start ``argv`` as pid 1 of a new container (on ``image``'s /usr and /etc, else the host's); ``files`` are
-    copied into its /tmp first."""
+    copied into its /tmp first. With ``network``, in a network namespace of its own (its loopback up), else in the
+    guest's (a tree fork's clones get their own from the builder)."""
     base = WORK / name
     root, mounts = make_root(base, None, image)
     for f in files:
         shutil.copy(f, root / "tmp")
     cgroup = CGROUP / f"treefork-{name}"
     cgroup.mkdir()
-    script = (f"echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --uts --ipc "
-              f"--root={root} --wd=/tmp /bin/sh -c 'mount -t proc proc /proc && hostname {name} && "
-              "exec \"$@\" </dev/null >/dev/null 2>&1' "
-              f"{name} " + " ".join(shlex.quote(a) for a in argv))
+    command = ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", f"--root={root}", "--wd=/tmp", "/bin/sh",
+               "-c", f'mount -t proc proc /proc && hostname {name} && exec "$@" </dev/null >/dev/null 2>&1', name,
+               *argv]
+    if network:  # made with the guest's tools, before the root changes
+        command = ["unshare", "--net", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "network", *command]
+    script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.join(command)}"
     log = open(base / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
     launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 close_fds=True, start_new_session=True)
@@ -133,11 +138,19 @@ def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path |
     while not box.init:
         if time.monotonic() > deadline or launcher.poll() is not None:
             raise RuntimeError(f"{name} did not start: {(base / 'launcher.log').read_text()[-2000:]}")
-        kids = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-        if kids:
-            box.init = int(kids[0])
+        box.init = _init_of(launcher.pid)
         time.sleep(0.05)
     return box
+
+
+def _init_of(launcher: int) -> int:
+    """The launcher's child that is pid 1 of a pid namespace of its own (0: none yet; the launcher may run a tool
+    first, ``ip`` say)."""
+    for kid in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        with contextlib.suppress(OSError):
+            if len(Path(f"/proc/{kid}/status").read_text().split("NSpid:")[1].split("\n")[0].split()) > 1:
+                return int(kid)
+    return 0
 
 
 def fork(source: Container, name: str, builder: str, made: list[Container], fault: str = "",
@@ -146,19 +159,24 @@ def fork(source: Container, name: str, builder: str, made: list[Container], faul
     milliseconds from the builder's start to every clone grafted. The clone's container is in ``made`` from the
     start (its root and cgroup are cleaned up with the others whatever happens)."""
     base = WORK / name
+    started = time.monotonic()
     root, mounts = make_root(base, source.path("/tmp"), source.image)
     cgroup = CGROUP / f"treefork-{name}"
     cgroup.mkdir()
     clone = Container(name, root, cgroup, mounts=mounts, image=source.image)
     made.append(clone)
+    snapshot = time.monotonic()
     plan = read_tree(source.init, hostname=source.name)
     plan.root, plan.cgroup = str(root), str(cgroup)
+    read = time.monotonic()
     clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid)
     # frozen before it runs: the held clones trap into the freezer as they are released
     (cgroup / "cgroup.freeze").write_text("1")
     clone.build.release()
     clone.freeze(True)
     clone.init = clone.build.init_pid
+    clone.steps_ms = {"snapshot": (snapshot - started) * 1000, "read": (read - snapshot) * 1000,
+                      "build": (time.monotonic() - read) * 1000}
     return clone, clone.build.grafted_ms
 
 
@@ -519,8 +537,8 @@ def ax_names(box: Container) -> list[tuple[str, str]]:
             for n in reply["result"]["nodes"] if not n.get("ignored")]
 
 
-def evaluate(box: Container, expression: str) -> object:
-    [reply] = cdp(box, [("Runtime.evaluate", {"expression": expression, "returnByValue": True})])
+def evaluate(box: Container, expression: str, timeout: float = 120.0) -> object:
+    [reply] = cdp(box, [("Runtime.evaluate", {"expression": expression, "returnByValue": True})], timeout)
     return reply["result"]["result"].get("value")
 
 

@@ -34,25 +34,25 @@ def _mounts_of(host_pid: int, sdev: int) -> list[str]:
             if (fields := line.split())[2] == f"{major}:{minor}"]
 
 
-def _search(top: str, sdev: int, ino: int) -> str | None:
-    """The path, relative to ``top``, of inode ``ino`` of device ``sdev``, breadth first, reading directories only
-    (the inode numbers come with their entries), at most ``SEARCH_DIRS`` of them."""
-    if os.stat(top).st_ino == ino:
-        return ""
-    queue, read = [top], 0
+def _search(tops: list[str], sdev: int, ino: int) -> tuple[str, str] | None:
+    """Which of ``tops`` holds inode ``ino`` of device ``sdev``, and its path relative to it: breadth first over
+    all of them together (a watch is seldom deep, and one mount, /usr say, must not be read through before another,
+    /etc, is looked at), reading directories only (the inode numbers come with their entries), at most
+    ``SEARCH_DIRS`` of them."""
+    for top in tops:
+        if _is(top, sdev, ino):
+            return top, ""
+    queue, read = [(top, top) for top in tops], 0
     while queue and read < SEARCH_DIRS:
-        d = queue.pop(0)
+        top, d = queue.pop(0)
         read += 1
         try:
             with os.scandir(d) as entries:
                 for e in entries:
-                    if e.inode() == ino:
-                        st = os.stat(e.path, follow_symlinks=False)
-                        if st.st_ino == ino and (os.major(st.st_dev), os.minor(st.st_dev)) == (sdev >> 20,
-                                                                                                sdev & 0xFFFFF):
-                            return e.path[len(top):]
+                    if e.inode() == ino and _is(e.path, sdev, ino):
+                        return top, "/" + e.path[len(top):].lstrip("/")
                     if e.is_dir(follow_symlinks=False):
-                        queue.append(e.path)
+                        queue.append((top, e.path))
         except OSError:
             continue
     return None
@@ -81,10 +81,33 @@ def _path_of(host_pid: int, sdev: int, ino: int, handle_type: int, handle: bytes
             if path.endswith(" (deleted)"):
                 raise TreeForkRefused(culprit, "an inotify watch on a deleted file")
             return inside(path, root, culprit)
-    for mount in mounts:
-        if (found := _search(f"/proc/{host_pid}/root{mount}", sdev, ino)) is not None:
-            return (mount.rstrip("/") + found) or "/"
+    known = _FOUND.get((sdev, ino))
+    if known is not None and _is(f"/proc/{host_pid}/root{known}", sdev, ino):
+        return known
+    tops = {f"/proc/{host_pid}/root{mount}": mount for mount in mounts}
+    if (found := _search(list(tops), sdev, ino)) is not None:
+        top, below = found
+        path = (tops[top].rstrip("/") + below) or "/"
+        _FOUND[sdev, ino] = path
+        while len(_FOUND) > FOUND_MAX:
+            del _FOUND[next(iter(_FOUND))]
+        return path
     return None
+
+
+# what the search found, by (device, inode): a tree forked again and again (a source's every fork, its clones')
+# watches the same inodes, at the same paths inside its root; an entry is used only while the path still names
+# that inode
+_FOUND: dict[tuple[int, int], str] = {}
+FOUND_MAX = 4096
+
+
+def _is(path: str, sdev: int, ino: int) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return st.st_ino == ino and (os.major(st.st_dev), os.minor(st.st_dev)) == (sdev >> 20, sdev & 0xFFFFF)
 
 
 def inotify_watches(host_pid: int, fdinfo: str, root: str, culprit: str) -> list[InotifyWatch]:

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""The tree fork's benchmark, run inside the VM (``kmod/vmtest --treefork-bench`` calls it through the host's
+userland at /host; ``bunshin bench treefork`` runs that): the same workload made N times three ways, in one boot.
+
+- ``kmod``: the tree fork of a running source (``workloads.fork``: freeze, snapshot of its /tmp, read, build and
+  graft, thaw), one clone after another;
+- ``criu``: Debian's CRIU 3.17, the source dumped once with ``--leave-running``, then restored N times, each into
+  fresh namespaces (its own network namespace, mount namespace on a copy of the source's root directory);
+- ``cold``: the workload started afresh N times.
+
+Per instance: **ready**, from the start of the fork (the freeze) / the restore / the start until the workload
+answers (Chromium: DevTools evaluates the loaded page's title; the desktop: a new X client lists the window tree
+with the source's X client in it); **freeze**, how long the source was stopped for it (kmod: freeze to thaw; criu:
+the dump, paid once for every restore; cold: none). Per N (1, 4, 16 by default, made one after another, measured
+when the N-th is ready): **memory**, the guest's MemAvailable drop since before the first instance (what N cost the
+machine: shared frames counted once) and the instances' PSS sum.
+
+    bench.py --builder BIN --images DIR [--workloads chromium,xdesktop] [--clones 1,4,16]
+
+Owns: the three ways and their measurements. Prints progress as "# bench: ..." lines and the result as one JSON
+line. Cleans up every container, restore and dump it made, on every path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import workloads as wl
+
+CRIU = "/usr/sbin/criu"
+# bind mounts of the workload's root that CRIU treats as external (their key in the dump, and what they are on
+# restore: the image's /usr and /etc, the guest's /dev)
+EXTERNAL = ("usr", "etc", "dev")
+
+
+def say(msg: str) -> None:
+    print(f"# bench: {msg}", flush=True)
+
+
+@dataclass
+class Workload:
+    """What the benchmark starts, and how it knows an instance is ready."""
+
+    name: str
+    image: Path
+    argv: list[str]
+    files: tuple[str, ...]
+    ready: Callable[[wl.Container], bool]
+    start_timeout: float
+
+
+def chromium_ready(box: wl.Container) -> bool:
+    try:
+        return bool(wl.evaluate(box, "document.readyState == 'complete' && document.title", timeout=20))
+    except Exception:  # not listening yet, or the page not loaded
+        return False
+
+
+def xdesktop_ready(box: wl.Container) -> bool:
+    return "bunshin-xev" in wl.windows(box)
+
+
+def workload(name: str, images: str | None) -> Workload:
+    from bunshin.envs.images.recipes import recipe
+    from bunshin.envs.images.store import ImageStore
+
+    store = ImageStore(Path(images) if images else None)
+    if name == "chromium":
+        return Workload(name, store.require(recipe("chromium")).root,
+                        ["/usr/bin/chromium", *wl.CHROMIUM_FLAGS, "file:///tmp/shop.html"], (str(wl.shop_page()),),
+                        chromium_ready, 300)
+    if name == "xdesktop":
+        return Workload(name, store.require(recipe("desktop")).root, ["/bin/sh", "-c", wl.XDESKTOP_SCRIPT], (),
+                        xdesktop_ready, 120)
+    raise SystemExit(f"bench.py: no workload {name!r} (have chromium, xdesktop)")
+
+
+def wait_ready(spec: Workload, box: wl.Container, since: float) -> float:
+    """Milliseconds from ``since`` until ``box`` answers; raises if it does not within the workload's timeout."""
+    deadline = since + spec.start_timeout
+    while not spec.ready(box):
+        if time.monotonic() > deadline or (box.launcher is not None and box.launcher.poll() is not None):
+            log = wl.WORK / box.name / "launcher.log"
+            raise TimeoutError(f"{box.name} did not answer within {spec.start_timeout:.0f} s or ended"
+                               + (f"; its launcher said: {log.read_text()[-1500:]}" if log.exists() else ""))
+        time.sleep(0.05)
+    return (time.monotonic() - since) * 1000
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def pss(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def settle() -> None:
+    """Let the guest's memory figures settle before a reading (freed pages returned, RCU callbacks run)."""
+    time.sleep(2)
+
+
+class Series:
+    """The instances of one way made one after another, and the rows at each N of ``counts``."""
+
+    def __init__(self, spec: Workload, backend: str, counts: list[int]):
+        self.spec, self.backend, self.counts = spec, backend, counts
+        self.ready_ms: list[float] = []
+        self.freeze_ms: list[float] = []
+        self.boxes: list[wl.Container] = []
+        self.rows: list[dict] = []
+        settle()
+        self.baseline = mem_available()
+
+    def add(self, box: wl.Container, ready_ms: float, freeze_ms: float | None) -> None:
+        self.boxes.append(box)
+        self.ready_ms.append(ready_ms)
+        if freeze_ms is not None:
+            self.freeze_ms.append(freeze_ms)
+        n = len(self.boxes)
+        say(f"{self.spec.name} {self.backend} {n}/{max(self.counts)}: ready {ready_ms:.0f} ms"
+            + (f", source frozen {freeze_ms:.0f} ms" if freeze_ms is not None else ""))
+        if n in self.counts:
+            settle()
+            drop = self.baseline - mem_available()
+            held = pss([p for b in self.boxes for p in wl._tree(b.init)])
+            self.rows.append({
+                "workload": self.spec.name, "backend": self.backend, "n": n,
+                "ready_ms_p50": statistics.median(self.ready_ms),
+                "freeze_ms_p50": statistics.median(self.freeze_ms) if self.freeze_ms else None,
+                "memory_bytes": drop, "pss_bytes": held,
+                "ready_ms": [round(r, 1) for r in self.ready_ms], "freeze_ms": [round(f, 1) for f in self.freeze_ms],
+            })
+            say(f"{self.spec.name} {self.backend} n={n}: MemAvailable -{drop / 2**20:.0f} MiB, "
+                f"PSS {held / 2**20:.0f} MiB")
+
+
+def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: str,
+             made: list[wl.Container]) -> list[dict]:
+    series = Series(spec, "kmod", counts)
+    for k in range(max(counts)):
+        started = time.monotonic()
+        source.freeze(True)
+        try:
+            clone, _ = wl.fork(source, f"{spec.name}-kmod-{k}", builder, made)
+        finally:
+            source.freeze(False)
+        frozen = (time.monotonic() - started) * 1000
+        clone.freeze(False)
+        say(f"{spec.name} kmod {k + 1}: " + ", ".join(f"{step} {ms:.0f} ms" for step, ms in clone.steps_ms.items())
+            + (f"; watches {[w.path for f in clone.build.plan.files for w in f.watches]}" if clone.build and k == 0
+               else ""))
+        series.add(clone, wait_ready(spec, clone, started), frozen)
+    return series.rows
+
+
+def run_cold(spec: Workload, counts: list[int], made: list[wl.Container]) -> list[dict]:
+    series = Series(spec, "cold", counts)
+    for k in range(max(counts)):
+        started = time.monotonic()
+        box = wl.start(f"{spec.name}-cold-{k}", spec.argv, spec.files, spec.image, network=True)
+        made.append(box)
+        series.add(box, wait_ready(spec, box, started), None)
+    return series.rows
+
+
+# --- CRIU ---------------------------------------------------------------------------------------------------------
+
+
+def criu_root(base: Path) -> Path:
+    """A container root directory as CRIU's restore wants one (a directory, bind-mounted on itself by the caller):
+    the same skeleton as ``workloads.make_root``'s, mount points for the workload's mounts."""
+    root = base / "rootfs"
+    root.mkdir(parents=True)
+    for link in ("bin", "sbin", "lib", "lib64"):
+        os.symlink(f"usr/{link}", root / link)
+    for d in ("usr", "etc", "dev", "proc", "tmp", "run", "sys"):
+        (root / d).mkdir()
+    return root
+
+
+PIVOT = """set -e
+r={root}
+mount --bind $r $r
+for d in usr etc; do mount --bind {image}/$d $r/$d; mount -o remount,bind,ro $r/$d; done
+mount --bind /dev $r/dev
+mkdir -p $r/dev/shm
+mount -t tmpfs tmp $r/tmp
+mount -t tmpfs shm $r/dev/shm
+for f in {files}; do cp "$f" $r/tmp/; done
+cd $r
+mkdir .old
+pivot_root . .old
+mount -t proc proc /proc
+umount -l /.old
+rmdir /.old
+hostname {name}
+cd /tmp
+exec setsid "$@" </dev/null >/dev/null 2>&1
+"""
+
+
+def start_pivoted(spec: Workload, name: str) -> wl.Container:
+    """The workload as CRIU can dump it: the same processes on the same image, in a container whose root is the
+    root of its own mount namespace (``pivot_root``: ``workloads.start``'s chroot leaves the guest's whole mount
+    tree, 9p and initramfs included, in the namespace, which CRIU cannot dump) and whose pid 1 leads its own
+    session (CRIU refuses a session leader outside the tree)."""
+    base = wl.WORK / name
+    root = criu_root(base)
+    cgroup = wl.CGROUP / f"treefork-{name}"
+    cgroup.mkdir()
+    inner = PIVOT.format(root=root, image=spec.image, files=" ".join(shlex.quote(f) for f in spec.files), name=name)
+    script = (f"echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --uts --ipc "
+              f"--propagation private /bin/sh -c {shlex.quote(inner)} {name} "
+              + " ".join(shlex.quote(a) for a in spec.argv))
+    return _launch(name, root, cgroup, script)
+
+
+def _launch(name: str, root: Path, cgroup: Path, script: str) -> wl.Container:
+    log = open(wl.WORK / name / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
+    launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                close_fds=True, start_new_session=True)
+    log.close()
+    box = wl.Container(name, root, cgroup, launcher=launcher)
+    deadline = time.monotonic() + 60
+    while not box.init:
+        if time.monotonic() > deadline or launcher.poll() is not None:
+            raise RuntimeError(f"{name} did not start: {(wl.WORK / name / 'launcher.log').read_text()[-3000:]}")
+        box.init = wl._init_of(launcher.pid)
+        time.sleep(0.02)
+    return box
+
+
+def criu(args: list[str], log: Path, what: str) -> None:
+    done = subprocess.run([CRIU, *args, "-v4", "-o", str(log)], capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        errors = [line for line in log.read_text(errors="replace").splitlines() if "Error" in line or "error" in line] \
+            if log.exists() else []
+        raise RuntimeError(f"criu {what} failed ({done.returncode}): {done.stderr[-500:]}\n" + "\n".join(errors[-15:]))
+
+
+COMMON = ["--manage-cgroups=ignore", "--tcp-established", "--file-locks", "--force-irmap"]
+
+
+def dump(source: wl.Container, images: Path) -> float:
+    """Milliseconds of ``criu dump --leave-running`` of the source (it is stopped for as long)."""
+    images.mkdir(parents=True)
+    started = time.monotonic()
+    criu(["dump", "-t", str(source.init), "-D", str(images), "--leave-running", *COMMON,
+          *[a for d in EXTERNAL for a in ("--external", f"mnt[/{d}]:{d}")]], images / "dump.log", "dump")
+    return (time.monotonic() - started) * 1000
+
+
+def restore(spec: Workload, source: wl.Container, images: Path, name: str) -> wl.Container:
+    """A restore of the dump into fresh namespaces (network with its loopback up, mount on a copy of the source's
+    root directory, pid, UTS, IPC: CRIU makes those it dumped), in a cgroup of its own; returns once ``criu
+    restore -d`` has returned (the tree runs)."""
+    base = wl.WORK / name
+    base.mkdir(parents=True)
+    root = base / "rootfs"
+    shutil.copytree(source.root, root, symlinks=True)  # the root's own files (the mounts on it are CRIU's)
+    cgroup = wl.CGROUP / f"treefork-{name}"
+    cgroup.mkdir()
+    pidfile = base / "pid"
+    external = {"usr": spec.image / "usr", "etc": spec.image / "etc", "dev": "/dev"}
+    inner = (f"ip link set lo up && mount --make-rprivate / && mount --bind {root} {root} && exec {CRIU} restore "
+             f"-D {images} -d --root {root} --pidfile {pidfile} -v4 -o {base}/restore.log "
+             + " ".join(COMMON) + " "
+             + " ".join(f"--external mnt[{k}]:{v}" for k, v in external.items()))
+    script = f"echo $$ > {cgroup}/cgroup.procs && exec unshare --net --mount /bin/sh -c {shlex.quote(inner)}"
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=600)
+    box = wl.Container(name, root, cgroup)
+    if done.returncode or not pidfile.exists():
+        log = (base / "restore.log").read_text(errors="replace").splitlines() if (base / "restore.log").exists() \
+            else []
+        wl.end(box)
+        raise RuntimeError(f"criu restore failed ({done.returncode}): {done.stderr[-500:]}\n"
+                           + "\n".join([line for line in log if "rror" in line][-15:]))
+    box.init = int(pidfile.read_text())
+    return box
+
+
+def run_criu(spec: Workload, counts: list[int], made: list[wl.Container]) -> list[dict]:
+    source = start_pivoted(spec, f"{spec.name}-criu-source")
+    made.append(source)
+    say(f"{spec.name} criu: source up in {wait_ready(spec, source, time.monotonic()) / 1000:.1f} s")
+    images = wl.WORK / f"{spec.name}-criu-images"
+    try:
+        frozen = dump(source, images)
+        say(f"{spec.name} criu: dumped in {frozen:.0f} ms, {sum(f.stat().st_size for f in images.iterdir()) >> 20} "
+            "MiB of images")
+        series = Series(spec, "criu", counts)  # after the dump: its images (in the guest's memory) are not counted
+        for k in range(max(counts)):
+            started = time.monotonic()
+            box = restore(spec, source, images, f"{spec.name}-criu-{k}")
+            made.append(box)
+            series.add(box, wait_ready(spec, box, started), frozen)
+        return series.rows
+    finally:
+        shutil.rmtree(images, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--builder", required=True)
+    ap.add_argument("--images", help="the workspace image store (BUNSHIN_IMAGE_DIR)")
+    ap.add_argument("--workloads", default="chromium,xdesktop")
+    ap.add_argument("--backends", default="kmod,criu,cold")
+    ap.add_argument("--clones", default="1,4,16", help="the Ns at which memory is read (the largest are made)")
+    ap.add_argument("--threads-bin")  # vmtest passes the workloads' common arguments
+    ap.add_argument("--generations")
+    args = ap.parse_args()
+    counts = sorted({int(n) for n in args.clones.split(",")})
+    wl.WORK.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    failures: list[str] = []
+    for name in args.workloads.split(","):
+        spec = workload(name, args.images)
+        for backend in args.backends.split(","):
+            started = time.monotonic()
+            try:
+                with wl.containers() as made:
+                    if backend == "kmod":
+                        source = wl.start(f"{name}-kmod-source", spec.argv, spec.files, spec.image)
+                        made.append(source)
+                        say(f"{name} kmod: source up in {wait_ready(spec, source, time.monotonic()) / 1000:.1f} s")
+                        rows += run_kmod(spec, source, counts, args.builder, made)
+                    elif backend == "criu":
+                        rows += run_criu(spec, counts, made)
+                    else:
+                        rows += run_cold(spec, counts, made)
+            except Exception as e:  # the other ways still run; the failure is in the JSON
+                failures.append(f"{name} {backend}: {type(e).__name__}: {e}")
+                say(f"FAIL {failures[-1]}")
+            say(f"{name} {backend}: {time.monotonic() - started:.0f} s")
+    print(json.dumps({"kernel": os.uname().release, "cpus": os.cpu_count(), "clones": counts, "rows": rows,
+                      "failures": failures}), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
