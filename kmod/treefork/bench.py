@@ -163,6 +163,19 @@ def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: s
     for k in range(max(counts)):
         started = time.monotonic()
         source.freeze(True)
+        if k == 0 and os.environ.get("BENCH_PROFILE"):
+            import cProfile
+            import io
+            import pstats
+
+            from bunshin.envs.runtime.treefork.reader import read_tree
+            prof = cProfile.Profile()
+            prof.runcall(read_tree, source.init, hostname=source.name)
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(25)
+            for line in out.getvalue().splitlines():
+                say("prof " + line)
+            started = time.monotonic()
         try:
             clone, _ = wl.fork(source, f"{spec.name}-kmod-{k}", builder, made)
         finally:
@@ -258,17 +271,41 @@ def criu(args: list[str], log: Path, what: str) -> None:
     if done.returncode:
         errors = [line for line in log.read_text(errors="replace").splitlines() if "Error" in line or "error" in line] \
             if log.exists() else []
+        if os.environ.get("BENCH_PROFILE") and log.exists():
+            lines = log.read_text(errors="replace").splitlines()
+            fatal = [i for i, line in enumerate(lines) if "Error" in line][-3:] or [len(lines)]
+            for line in lines[max(0, fatal[0] - 40):fatal[-1] + 1]:
+                say("criu " + line)
         raise RuntimeError(f"criu {what} failed ({done.returncode}): {done.stderr[-500:]}\n" + "\n".join(errors[-15:]))
 
 
 COMMON = ["--manage-cgroups=ignore", "--tcp-established", "--file-locks", "--force-irmap"]
 
 
+def watched_dirs(box: wl.Container) -> list[str]:
+    """The directories holding what the tree's inotify watches name, inside its root (read as the tree fork reads
+    them). CRIU resolves a watch through its file handle, and on a file system without handles (the guest's 9p)
+    only by scanning directories it is told of: given these, as a user of it would be."""
+    from bunshin.envs.runtime.treefork.inotify import inotify_watches
+
+    out = set()
+    for pid in wl._tree(box.init):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify":
+                    info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+                    out.update(os.path.dirname(w.path.rstrip("/")) or "/"
+                               for w in inotify_watches(pid, info, "/", f"pid {pid} fd {fd}"))
+    return sorted(out)
+
+
 def dump(source: wl.Container, images: Path) -> float:
-    """Milliseconds of ``criu dump --leave-running`` of the source (it is stopped for as long)."""
+    """Milliseconds of ``criu dump --leave-running`` of the source (it is stopped for as long; finding the
+    directories CRIU is to scan for inotify watches is not counted)."""
     images.mkdir(parents=True)
+    scan = [a for d in watched_dirs(source) for a in ("--irmap-scan-path", d)]
     started = time.monotonic()
-    criu(["dump", "-t", str(source.init), "-D", str(images), "--leave-running", *COMMON,
+    criu(["dump", "-t", str(source.init), "-D", str(images), "--leave-running", *COMMON, *scan,
           *[a for d in EXTERNAL for a in ("--external", f"mnt[/{d}]:{d}")]], images / "dump.log", "dump")
     return (time.monotonic() - started) * 1000
 

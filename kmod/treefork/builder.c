@@ -1096,8 +1096,12 @@ static void helper(struct proc *p)
 		if (o->kind != OBJ_PROC)
 			continue;
 		o->fd = open(o->path, o->flags & ~(O_CREAT | O_TRUNC | O_EXCL));
-		if (o->fd < 0 || lseek(o->fd, o->offset, SEEK_SET) < 0)
-			helper_fail(p, "opening a /proc file");
+		if (o->fd < 0 || lseek(o->fd, o->offset, SEEK_SET) < 0) {
+			char what[sizeof(((struct report *)0)->what)];
+
+			snprintf(what, sizeof(what), "opening %s", o->path);
+			helper_fail(p, what);
+		}
 		o->fd = high(o->fd);
 	}
 	for (i = 0; i < p->nfds; i++) {

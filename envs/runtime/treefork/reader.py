@@ -17,6 +17,7 @@ import re
 import resource
 import socket
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -347,15 +348,6 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
     clone's file at its path, in the clone's snapshot). Read-only shared mappings of a file, or any of a file on a
     read-only mount, stay as fork() leaves them (glibc maps its gconv cache so); SysV shared memory is refused."""
     out = []
-    smaps = Path(f"/proc/{host_pid}/smaps").read_text()
-    anon_kb: dict[str, int] = {}
-    current = ""
-    for line in smaps.splitlines():
-        m = MAPS.match(line)
-        if m:
-            current = f"{m.group(1)}-{m.group(2)}"
-        elif line.startswith("Anonymous:"):
-            anon_kb[current] = int(line.split()[1])
     for line in Path(f"/proc/{host_pid}/maps").read_text().splitlines():
         m = MAPS.match(line)
         if not m:
@@ -369,7 +361,7 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
         memfd = name.startswith("/memfd:")
         shm = name.startswith(f"{reading.root}/dev/shm/")
         if (memfd or shm) and int(inode):
-            if anon_kb.get(where, 0):
+            if not shared and _has_own_pages(host_pid, int(start, 16), int(end, 16)):
                 raise TreeForkRefused(culprit, "a private mapping of shared memory holding pages of its own")
             key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
             if memfd:
@@ -396,6 +388,17 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
                 oid = reading.mapped_files[key]
             out.append(Remap(source_pid=host_pid, where=where, oid=oid))
     return out
+
+
+def _has_own_pages(host_pid: int, start: int, end: int) -> bool:
+    """Whether a private file mapping holds pages of its own (copied on write: anonymous, present or swapped), from
+    the pagemap of its range (not smaps: generating it walks every mapping of the process, seconds for a browser
+    under emulation)."""
+    with open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as f:
+        f.seek(start // 4096 * 8)
+        entries = f.read((end - start) // 4096 * 8)
+    return any((entry >> 63 and not entry >> 61 & 1) or entry >> 62 & 1
+               for (entry,) in struct.iter_unpack("Q", entries))
 
 
 def _rlimits(host_pid: int) -> dict[int, tuple[int, int]]:
