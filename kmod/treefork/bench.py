@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -127,12 +128,13 @@ def settle() -> None:
 class Series:
     """The instances of one way made one after another, and the rows at each N of ``counts``."""
 
-    def __init__(self, spec: Workload, backend: str, counts: list[int]):
+    def __init__(self, spec: Workload, backend: str, counts: list[int], rows: list[dict]):
+        """Its rows are appended to ``rows`` as they are measured (a way failing later keeps them)."""
         self.spec, self.backend, self.counts = spec, backend, counts
         self.ready_ms: list[float] = []
         self.freeze_ms: list[float] = []
         self.boxes: list[wl.Container] = []
-        self.rows: list[dict] = []
+        self.rows = rows
         self.refused = 0  # tree-fork attempts refused for a transient state, then made again
         settle()
         self.baseline = mem_available()
@@ -162,7 +164,9 @@ class Series:
 
 # a refusal of a state the source leaves by itself (Chromium's processes pass descriptors over their sockets: a
 # freeze can catch one in flight): the source runs a moment and the fork is tried again, the time counted
-TRANSIENT = ("in flight", "queued", "pending connections")
+# or a source process gone between the read and the build (SIGKILL ends even a frozen task: seen once in 14 forks of
+# Chromium)
+TRANSIENT = re.compile(r"in flight|queued|pending connections|/proc/\d+\S* ?: No such file or directory")
 ATTEMPTS = 5
 
 
@@ -180,7 +184,7 @@ def fork_when_quiet(spec: Workload, source: wl.Container, name: str, builder: st
             clone, _ = wl.fork(source, name, builder, made)
             return clone, frozen + (time.monotonic() - started) * 1000, attempt
         except (TreeForkFailed, TreeForkRefused) as e:
-            if attempt == ATTEMPTS - 1 or not any(t in str(e) for t in TRANSIENT):
+            if attempt == ATTEMPTS - 1 or not TRANSIENT.search(str(e)):
                 raise
             say(f"{name}: refused for now ({str(e).splitlines()[0][:120]}); the source runs a moment")
             for box in [b for b in made if b.name == name]:
@@ -193,9 +197,9 @@ def fork_when_quiet(spec: Workload, source: wl.Container, name: str, builder: st
     raise AssertionError("unreachable")
 
 
-def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: str,
-             made: list[wl.Container]) -> list[dict]:
-    series = Series(spec, "kmod", counts)
+def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: str, made: list[wl.Container],
+             rows: list[dict]) -> None:
+    series = Series(spec, "kmod", counts, rows)
     for k in range(max(counts)):
         started = time.monotonic()
         clone, frozen, refused = fork_when_quiet(spec, source, f"{spec.name}-kmod-{k}", builder, made)
@@ -205,17 +209,15 @@ def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: s
             + (f"; watches {[w.path for f in clone.build.plan.files for w in f.watches]}" if clone.build and k == 0
                else ""))
         series.add(clone, wait_ready(spec, clone, started), frozen)
-    return series.rows
 
 
-def run_cold(spec: Workload, counts: list[int], made: list[wl.Container]) -> list[dict]:
-    series = Series(spec, "cold", counts)
+def run_cold(spec: Workload, counts: list[int], made: list[wl.Container], rows: list[dict]) -> None:
+    series = Series(spec, "cold", counts, rows)
     for k in range(max(counts)):
         started = time.monotonic()
         box = wl.start(f"{spec.name}-cold-{k}", spec.argv, spec.files, spec.image, network=True)
         made.append(box)
         series.add(box, wait_ready(spec, box, started), None)
-    return series.rows
 
 
 # --- CRIU ---------------------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ def restore(spec: Workload, source: wl.Container, images: Path, name: str) -> wl
     return box
 
 
-def run_criu(spec: Workload, counts: list[int], made: list[wl.Container]) -> list[dict]:
+def run_criu(spec: Workload, counts: list[int], made: list[wl.Container], rows: list[dict]) -> None:
     source = start_pivoted(spec, f"{spec.name}-criu-source")
     made.append(source)
     say(f"{spec.name} criu: source up in {wait_ready(spec, source, time.monotonic()) / 1000:.1f} s")
@@ -367,13 +369,12 @@ def run_criu(spec: Workload, counts: list[int], made: list[wl.Container]) -> lis
         frozen = dump(source, images)
         say(f"{spec.name} criu: dumped in {frozen:.0f} ms, {sum(f.stat().st_size for f in images.iterdir()) >> 20} "
             "MiB of images")
-        series = Series(spec, "criu", counts)  # after the dump: its images (in the guest's memory) are not counted
+        series = Series(spec, "criu", counts, rows)  # after the dump: its images (in the guest's memory) are not counted
         for k in range(max(counts)):
             started = time.monotonic()
             box = restore(spec, source, images, f"{spec.name}-criu-{k}")
             made.append(box)
             series.add(box, wait_ready(spec, box, started), frozen)
-        return series.rows
     finally:
         shutil.rmtree(images, ignore_errors=True)
 
@@ -402,11 +403,11 @@ def main() -> int:
                         source = wl.start(f"{name}-kmod-source", spec.argv, spec.files, spec.image)
                         made.append(source)
                         say(f"{name} kmod: source up in {wait_ready(spec, source, time.monotonic()) / 1000:.1f} s")
-                        rows += run_kmod(spec, source, counts, args.builder, made)
+                        run_kmod(spec, source, counts, args.builder, made, rows)
                     elif backend == "criu":
-                        rows += run_criu(spec, counts, made)
+                        run_criu(spec, counts, made, rows)
                     else:
-                        rows += run_cold(spec, counts, made)
+                        run_cold(spec, counts, made, rows)
             except Exception as e:  # the other ways still run; the failure is in the JSON
                 failures.append({"workload": name, "backend": backend, "error": f"{type(e).__name__}: {e}"})
                 say(f"FAIL {name} {backend}: {failures[-1]['error']}")
