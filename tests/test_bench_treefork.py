@@ -10,7 +10,6 @@ import pytest
 
 from bunshin.engine.bench import treefork
 from bunshin.engine.errors import CommandError
-
 from tests.test_kmod import vmtest
 
 

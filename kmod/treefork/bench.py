@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -120,6 +119,16 @@ def pss(pids: list[int]) -> int:
     return total
 
 
+def tree_now(init: int) -> list[int]:
+    """The processes of a tree as they are now (one may end while it is walked: the desktop's shell runs a `sleep`
+    a second)."""
+    try:
+        return wl._tree(init)
+    except OSError:
+        time.sleep(0.1)
+        return wl._tree(init)
+
+
 def settle() -> None:
     """Let the guest's memory figures settle before a reading (freed pages returned, RCU callbacks run)."""
     time.sleep(2)
@@ -150,7 +159,7 @@ class Series:
         if n in self.counts:
             settle()
             drop = self.baseline - mem_available()
-            held = pss([p for b in self.boxes for p in wl._tree(b.init)])
+            held = pss([p for b in self.boxes for p in tree_now(b.init)])
             self.rows.append({
                 "workload": self.spec.name, "backend": self.backend, "n": n,
                 "ready_ms_p50": statistics.median(self.ready_ms),
@@ -162,47 +171,12 @@ class Series:
                 f"PSS {held / 2**20:.0f} MiB")
 
 
-# a refusal of a state the source leaves by itself (Chromium's processes pass descriptors over their sockets: a
-# freeze can catch one in flight): the source runs a moment and the fork is tried again, the time counted
-# or a source process gone between the read and the build (SIGKILL ends even a frozen task: seen once in 14 forks of
-# Chromium)
-TRANSIENT = re.compile(r"in flight|queued|pending connections|/proc/\d+\S* ?: No such file or directory")
-ATTEMPTS = 5
-
-
-def fork_when_quiet(spec: Workload, source: wl.Container, name: str, builder: str,
-                    made: list[wl.Container]) -> tuple[wl.Container, float, int]:
-    """A tree fork of the running ``source``: the clone, how long the source was frozen for it (every attempt's
-    freeze summed) and how many attempts were refused for a transient state first."""
-    from bunshin.envs.runtime.treefork.errors import TreeForkFailed, TreeForkRefused
-
-    frozen = 0.0
-    for attempt in range(ATTEMPTS):
-        started = time.monotonic()
-        source.freeze(True)
-        try:
-            clone, _ = wl.fork(source, name, builder, made)
-            return clone, frozen + (time.monotonic() - started) * 1000, attempt
-        except (TreeForkFailed, TreeForkRefused) as e:
-            if attempt == ATTEMPTS - 1 or not TRANSIENT.search(str(e)):
-                raise
-            say(f"{name}: refused for now ({str(e).splitlines()[0][:120]}); the source runs a moment")
-            for box in [b for b in made if b.name == name]:
-                wl.end(box)
-                made.remove(box)
-        finally:
-            source.freeze(False)
-            frozen += (time.monotonic() - started) * 1000
-        time.sleep(0.2)
-    raise AssertionError("unreachable")
-
-
 def run_kmod(spec: Workload, source: wl.Container, counts: list[int], builder: str, made: list[wl.Container],
              rows: list[dict]) -> None:
     series = Series(spec, "kmod", counts, rows)
     for k in range(max(counts)):
         started = time.monotonic()
-        clone, frozen, refused = fork_when_quiet(spec, source, f"{spec.name}-kmod-{k}", builder, made)
+        clone, frozen, refused = wl.fork_when_quiet(source, f"{spec.name}-kmod-{k}", builder, made)
         series.refused += refused
         clone.freeze(False)
         say(f"{spec.name} kmod {k + 1}: " + ", ".join(f"{step} {ms:.0f} ms" for step, ms in clone.steps_ms.items())
@@ -331,14 +305,14 @@ def dump(source: wl.Container, images: Path) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def restore(spec: Workload, source: wl.Container, images: Path, name: str) -> wl.Container:
+def restore(spec: Workload, snapshot: Path, images: Path, name: str) -> wl.Container:
     """A restore of the dump into fresh namespaces (network with its loopback up, mount on a copy of the source's
-    root directory, pid, UTS, IPC: CRIU makes those it dumped), in a cgroup of its own; returns once ``criu
-    restore -d`` has returned (the tree runs)."""
+    root directory as it was at the dump (``snapshot``), pid, UTS, IPC: CRIU makes those it dumped), in a cgroup of
+    its own; returns once ``criu restore -d`` has returned (the tree runs)."""
     base = wl.WORK / name
     base.mkdir(parents=True)
     root = base / "rootfs"
-    shutil.copytree(source.root, root, symlinks=True)  # the root's own files (the mounts on it are CRIU's)
+    shutil.copytree(snapshot, root, symlinks=True)  # the root's own files (the mounts on it are CRIU's)
     cgroup = wl.CGROUP / f"treefork-{name}"
     cgroup.mkdir()
     pidfile = base / "pid"
@@ -367,16 +341,21 @@ def run_criu(spec: Workload, counts: list[int], made: list[wl.Container], rows: 
     images = wl.WORK / f"{spec.name}-criu-images"
     try:
         frozen = dump(source, images)
+        # the root directory's own files as they were at the dump (CRIU checks the files it finds open against
+        # their dumped size: openbox's log grows), copied right after it (a few KiB, not counted)
+        snapshot = wl.WORK / f"{spec.name}-criu-root"
+        shutil.copytree(source.root, snapshot, symlinks=True)
         say(f"{spec.name} criu: dumped in {frozen:.0f} ms, {sum(f.stat().st_size for f in images.iterdir()) >> 20} "
             "MiB of images")
         series = Series(spec, "criu", counts, rows)  # after the dump: its images (in the guest's memory) are not counted
         for k in range(max(counts)):
             started = time.monotonic()
-            box = restore(spec, source, images, f"{spec.name}-criu-{k}")
+            box = restore(spec, snapshot, images, f"{spec.name}-criu-{k}")
             made.append(box)
             series.add(box, wait_ready(spec, box, started), frozen)
     finally:
         shutil.rmtree(images, ignore_errors=True)
+        shutil.rmtree(wl.WORK / f"{spec.name}-criu-root", ignore_errors=True)
 
 
 def main() -> int:
