@@ -39,7 +39,7 @@ def test_the_table_and_the_plot_show_every_row(tmp_path):
     assert "| chromium | criu | 16 | 11000.00 | 9900-13200 | 10.00 | 4800 MiB | 2400 MiB |" in text
     assert "| chromium | cold | 1 | 30000.00 | 27000-36000 | - |" in text
     assert "| chromium | kmod | 1 | 0.05 | 0.13 | 0.13 |" in treefork.ratio_table(ROWS)
-    treefork.plot(ROWS, tmp_path / "t.png")
+    treefork.plot(ROWS, tmp_path / "t.png", [{"workload": "chromium", "backend": "criu", "error": "dump failed"}])
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -77,7 +77,8 @@ def ratio_table(rows: list[dict]) -> str:
                                   ("pss_over_criu", "PSS / criu")])
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, failures: list[dict] | None = None) -> None:
+    """Per workload: the ready times of its largest N per way, and memory against N; a way that failed is named."""
     plt = pyplot()
     names = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.8 * len(names)), squeeze=False)
@@ -89,6 +90,10 @@ def plot(rows: list[dict], path: Path) -> None:
             samples = largest["ready_ms"]
             left.boxplot([[s / 1000 for s in samples]], positions=[i], widths=0.5)
         left.set_xticks(range(len(present)), present)
+        failed = [f["backend"] for f in failures or [] if f["workload"] == name]
+        if failed:
+            left.text(0.02, 0.02, "failed: " + ", ".join(failed) + " (see the JSON)", transform=left.transAxes,
+                      fontsize=8, color="tab:red")
         left.set_yscale("log")
         left.set_ylabel("fork / restore / start to ready, s (TCG)")
         left.set_title(f"{name}: time to a working instance")
@@ -100,7 +105,8 @@ def plot(rows: list[dict], path: Path) -> None:
         right.set_ylabel("guest MemAvailable drop, GiB")
         right.set_title(f"{name}: memory of N instances")
         right.legend()
-    fig.suptitle("Tree fork (kmod) vs CRIU 3.17 restore vs cold start, one VM boot (Debian 6.1, QEMU TCG, 2 vCPUs)")
+    fig.suptitle("Tree fork (kmod) vs CRIU 3.17 restore vs cold start, each workload's ways in one VM boot\n"
+                 "(Debian 6.1, QEMU TCG, 2 vCPUs)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -123,7 +129,7 @@ def command(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({**result, "ratios": ratios(rows)}, indent=2) + "\n")
     if args.plot and rows:
-        plot(rows, args.plot)
+        plot(rows, args.plot, result["failures"])
     # a baseline failing (CRIU cannot dump every workload) is a result, shown and kept in the JSON
     return 1 if any(f["backend"] == "kmod" for f in result["failures"]) or not rows else 0
 
