@@ -262,11 +262,13 @@ def _launch(name: str, root: Path, cgroup: Path, script: str) -> wl.Container:
 
 
 def criu(args: list[str], log: Path, what: str) -> None:
+    """Run CRIU; a failure raises with its log's errors (with BUNSHIN_BENCH_VERBOSE set, which ``kmod/vmtest``
+    passes on, the 40 log lines before its last errors are printed too)."""
     done = subprocess.run([CRIU, *args, "-v4", "-o", str(log)], capture_output=True, text=True, timeout=600)
     if done.returncode:
         errors = [line for line in log.read_text(errors="replace").splitlines() if "Error" in line or "error" in line] \
             if log.exists() else []
-        if os.environ.get("BENCH_PROFILE") and log.exists():
+        if os.environ.get("BUNSHIN_BENCH_VERBOSE") and log.exists():
             lines = log.read_text(errors="replace").splitlines()
             fatal = [i for i, line in enumerate(lines) if "Error" in line][-3:] or [len(lines)]
             for line in lines[max(0, fatal[0] - 40):fatal[-1] + 1]:
