@@ -737,15 +737,29 @@ def workload_faults(args: argparse.Namespace) -> list[str]:
 
 
 def _tree(init: int) -> list[int]:
-    from bunshin.envs.runtime.treefork.procfs import walk
+    """A running tree's processes, parents first; one that exits while it is read (a shell's ``sleep``) is left
+    out rather than failing the read (the reader's ``walk`` is for frozen trees, where that cannot happen)."""
+    from bunshin.envs.runtime.treefork.procfs import children
 
-    return list(walk(init))
+    out, queue = [], [init]
+    while queue:
+        pid = queue.pop(0)
+        try:
+            queue += children(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out.append(pid)
+    return out
 
 
 def _ns_pid(host_pid: int) -> int:
+    """The process's number in its own namespace, or -1 once it has exited."""
     from bunshin.envs.runtime.treefork.procfs import last, status
 
-    return last(status(host_pid)["NSpid"])
+    try:
+        return last(status(host_pid)["NSpid"])
+    except (FileNotFoundError, ProcessLookupError):
+        return -1
 
 
 WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": workload_threads,
