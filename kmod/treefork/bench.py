@@ -243,22 +243,7 @@ def start_pivoted(spec: Workload, name: str) -> wl.Container:
     script = (f"echo $$ > {cgroup}/cgroup.procs && exec unshare --pid --fork --mount --uts --ipc "
               f"--propagation private /bin/sh -c {shlex.quote(inner)} {name} "
               + " ".join(shlex.quote(a) for a in spec.argv))
-    return _launch(name, root, cgroup, script)
-
-
-def _launch(name: str, root: Path, cgroup: Path, script: str) -> wl.Container:
-    log = open(wl.WORK / name / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
-    launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                close_fds=True, start_new_session=True)
-    log.close()
-    box = wl.Container(name, root, cgroup, launcher=launcher)
-    deadline = time.monotonic() + 60
-    while not box.init:
-        if time.monotonic() > deadline or launcher.poll() is not None:
-            raise RuntimeError(f"{name} did not start: {(wl.WORK / name / 'launcher.log').read_text()[-3000:]}")
-        box.init = wl._init_of(launcher.pid)
-        time.sleep(0.02)
-    return box
+    return wl.launch(wl.Container(name, root, cgroup), script)
 
 
 def criu(args: list[str], log: Path, what: str) -> None:
@@ -307,14 +292,15 @@ def dump(source: wl.Container, images: Path) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def restore(spec: Workload, snapshot: Path, images: Path, name: str) -> wl.Container:
-    """A restore of the dump into fresh namespaces (network with its loopback up, mount on a copy of the source's
-    root directory as it was at the dump (``snapshot``), pid, UTS, IPC: CRIU makes those it dumped), in a cgroup of
-    its own; returns once ``criu restore -d`` has returned (the tree runs)."""
+def restore(spec: Workload, snapshot: str, images: Path, name: str) -> wl.Container:
+    """A restore of the dump into fresh namespaces (network with its loopback up, mount on a btrfs snapshot of the
+    source's root directory as it was at the dump (the layer ``snapshot``: made as the tree fork's clones get
+    theirs), pid, UTS, IPC: CRIU makes those it dumped), in a cgroup of its own; returns once ``criu restore -d``
+    has returned (the tree runs)."""
     base = wl.WORK / name
     base.mkdir(parents=True)
-    root = base / "rootfs"
-    shutil.copytree(snapshot, root, symlinks=True)  # the root's own files (the mounts on it are CRIU's)
+    assert wl._pool is not None
+    root = wl._pool.snapshot(snapshot, name) / "upper"  # the root's own files (the mounts on it are CRIU's)
     cgroup = wl.CGROUP / f"treefork-{name}"
     cgroup.mkdir()
     pidfile = base / "pid"
@@ -344,9 +330,10 @@ def run_criu(spec: Workload, counts: list[int], made: list[wl.Container], rows: 
     try:
         frozen = dump(source, images)
         # the root directory's own files as they were at the dump (CRIU checks the files it finds open against
-        # their dumped size: openbox's log grows), copied right after it (a few KiB, not counted)
-        snapshot = wl.WORK / f"{spec.name}-criu-root"
-        shutil.copytree(source.root, snapshot, symlinks=True)
+        # their dumped size: openbox's log grows), copied into a layer right after it (a few KiB, not counted)
+        snapshot = f"{spec.name}-criu-root"
+        assert wl._pool is not None
+        shutil.copytree(source.root, wl._pool.create(snapshot) / "upper", symlinks=True, dirs_exist_ok=True)
         say(f"{spec.name} criu: dumped in {frozen:.0f} ms, {sum(f.stat().st_size for f in images.iterdir()) >> 20} "
             "MiB of images")
         series = Series(spec, "criu", counts, rows)  # after the dump: its images (in the guest's memory) are not counted
@@ -357,7 +344,8 @@ def run_criu(spec: Workload, counts: list[int], made: list[wl.Container], rows: 
             series.add(box, wait_ready(spec, box, started), frozen)
     finally:
         shutil.rmtree(images, ignore_errors=True)
-        shutil.rmtree(wl.WORK / f"{spec.name}-criu-root", ignore_errors=True)
+        if wl._pool is not None:
+            wl._pool.delete(f"{spec.name}-criu-root")
 
 
 def main() -> int:
@@ -372,6 +360,15 @@ def main() -> int:
     args = ap.parse_args()
     counts = sorted({int(n) for n in args.clones.split(",")})
     wl.WORK.mkdir(parents=True, exist_ok=True)
+    with wl.layer_pool():
+        rows, failures = measure(args, counts)
+    print(json.dumps({"kernel": os.uname().release, "cpus": os.cpu_count(), "clones": counts, "rows": rows,
+                      "failures": failures}), flush=True)
+    return 1 if any(f["backend"] == "kmod" for f in failures) else 0
+
+
+def measure(args: argparse.Namespace, counts: list[int]) -> tuple[list[dict], list[dict]]:
+    """Every workload every way: the rows measured and the ways that failed."""
     rows: list[dict] = []
     failures: list[dict] = []
     for name in args.workloads.split(","):
@@ -393,9 +390,7 @@ def main() -> int:
                 failures.append({"workload": name, "backend": backend, "error": f"{type(e).__name__}: {e}"})
                 say(f"FAIL {name} {backend}: {failures[-1]['error']}")
             say(f"{name} {backend}: {time.monotonic() - started:.0f} s")
-    print(json.dumps({"kernel": os.uname().release, "cpus": os.cpu_count(), "clones": counts, "rows": rows,
-                      "failures": failures}), flush=True)
-    return 1 if any(f["backend"] == "kmod" for f in failures) else 0
+    return rows, failures
 
 
 if __name__ == "__main__":

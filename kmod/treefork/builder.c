@@ -163,6 +163,15 @@ static char *cgroup_dir;
 static int close_from = 3, hold;
 static const char *fault_who, *fault_step;	/* BUNSHIN_TREEFORK_FAULT=WHO:STEP, see fault() */
 static pid_t fault_pid = 1;
+static pid_t engine;				/* the builder's parent, which it dies with */
+#define FAULT_KILL_ENGINE (-1)			/* a helper's report: "kill the engine now" */
+
+/* a helper's report on its status pipe: why it failed (or FAULT_KILL_ENGINE) */
+struct report {
+	int32_t pid;
+	int32_t err;
+	char what[120];
+};
 static uint64_t started_ns;
 
 static uint64_t now_ns(void)
@@ -185,9 +194,11 @@ static void step(const char *what)
 /*
  * Fault injection (the tree fork's fault tests): BUNSHIN_TREEFORK_FAULT=WHO:STEP
  * kills, at the named step, the builder ("builder"), the helper of clone pid
- * BUNSHIN_TREEFORK_FAULT_PID (default 1) ("helper"), or the source's pid 1
- * ("source", by the builder). Builder steps: plan, namespaces, files, init,
- * grafted, released; helper steps: children, descriptors, threads, graft.
+ * BUNSHIN_TREEFORK_FAULT_PID (default 1) ("helper"), the source's pid 1
+ * ("source", by the builder) or the engine ("engine", by the builder at a
+ * builder step, by that helper at a helper step). Builder steps: plan,
+ * namespaces, files, init, grafted, released; helper steps: children,
+ * descriptors, threads, graft.
  */
 static void fault(const char *who, const char *at, pid_t pid, pid_t source)
 {
@@ -196,11 +207,45 @@ static void fault(const char *who, const char *at, pid_t pid, pid_t source)
 	if (!strcmp(fault_who, "source") && !strcmp(who, "builder")) {
 		dprintf(trace_fd, "fault: killing the source at %s\n", at);
 		kill(source, SIGKILL);
+	} else if (!strcmp(fault_who, "engine") && (!strcmp(who, "builder") || pid == fault_pid)) {
+		/* the engine dies while the builder or a helper is at this step: a
+		 * helper's pid namespace has no number for it, so the helper asks
+		 * the builder on its status pipe and waits there to be killed */
+		dprintf(trace_fd, "fault: killing the engine %d at %s of %s %d\n", engine, at, who, pid);
+		if (!strcmp(who, "builder")) {
+			kill(engine, SIGKILL);
+		} else {
+			struct report r = { .pid = pid, .err = FAULT_KILL_ENGINE };
+			int i;
+
+			for (i = 0; i < nprocs; i++)
+				if (procs[i].pid == pid && write(procs[i].status_w, &r, sizeof(r)) == sizeof(r))
+					for (;;)
+						pause();
+		}
 	} else if (!strcmp(fault_who, who) && (!strcmp(who, "builder") || pid == fault_pid)) {
 		dprintf(trace_fd, "fault: %s %d killed at %s\n", who, pid, at);
 		/* a pid namespace's init ignores its own SIGKILL: it dies as a crash would end it */
 		syscall(SYS_exit_group, 128 + SIGKILL);
 	}
+}
+
+/*
+ * The builder dies with the engine that started it (the thread that started
+ * it, for PR_SET_PDEATHSIG: the engine starts builders from a thread that
+ * lives as long as it does), and with it the clone, held or released: the
+ * clone's pid 1 dies with the builder. BUNSHIN_TREEFORK_ENGINE names the
+ * engine's pid: an engine already gone when the signal was set up is seen.
+ */
+static void die_with_engine(void)
+{
+	const char *named = getenv("BUNSHIN_TREEFORK_ENGINE");
+
+	engine = getppid();
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL))
+		exit(1);
+	if (named && atoi(named) != getppid())
+		exit(1);
 }
 
 static void fault_setup(void)
@@ -897,12 +942,6 @@ static void open_cgroup(void)
 
 /* ---- helpers: one per process of the clone ---- */
 
-struct report {
-	int32_t pid;
-	int32_t err;
-	char what[120];
-};
-
 static void helper_fail(struct proc *p, const char *what)
 {
 	struct report r = { .pid = p->pid, .err = errno };
@@ -1275,6 +1314,11 @@ static int wait_grafted(struct report *r)
 			*r = (struct report){ .pid = procs[i].pid, .err = EPROTO };
 			if (status & POLLIN) {
 				n = read(procs[i].status_r, r, sizeof(*r));
+				if (n == sizeof(*r) && r->err == FAULT_KILL_ENGINE) {
+					kill(engine, SIGKILL);	/* and the builder dies with it */
+					for (;;)
+						pause();
+				}
 				if (n == sizeof(*r))
 					return r->err ? r->err : EPROTO;
 			}
@@ -1312,6 +1356,7 @@ int main(void)
 	pid_t init;
 
 	started_ns = now_ns();
+	die_with_engine();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	setvbuf(stderr, NULL, _IOLBF, 0);
 	read_plan();

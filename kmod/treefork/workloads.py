@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bunshin.envs.runtime import syscalls as sys_
+from bunshin.envs.runtime.layers import LayerStore
 from bunshin.envs.runtime.treefork.fork import TreeForkBuild
 from bunshin.envs.runtime.treefork.oracle import compare, describe, diverge, memory_difference, pagemap_frame
 from bunshin.envs.runtime.treefork.reader import read_tree
@@ -56,6 +57,7 @@ class Container:
     launcher: subprocess.Popen[bytes] | None = None
     mounts: list[Path] = field(default_factory=list)
     image: Path | None = None  # the root file system whose /usr and /etc it runs on (None: the host's)
+    binds: tuple[Path, ...] = ()  # directories of the guest it sees read-only at their path (the project's)
     steps_ms: dict[str, float] = field(default_factory=dict)  # for a clone: how long each step of its fork took
 
     def freeze(self, frozen: bool) -> None:
@@ -71,10 +73,31 @@ class Container:
         return self.root / inside.lstrip("/")
 
 
-def make_root(base: Path, tmp_from: Path | None, image: Path | None = None) -> tuple[Path, list[Path]]:
-    """A container root: read-only binds of /usr and /etc (the host's, or those of the workspace image ``image``),
-    /dev, a private /tmp (a copy of ``tmp_from``: the clone's snapshot of its source's writable part) and
-    /dev/shm."""
+_pool: LayerStore | None = None
+
+
+@contextlib.contextmanager
+def layer_pool() -> Iterator[LayerStore]:
+    """The containers' writable layers, btrfs subvolumes in a pool on a loop device (as the engine's are): a clone's
+    /tmp is a snapshot of its source's, made in constant time, whose files keep their inode numbers (SQLite, for
+    one, refuses to write a database whose path now names another inode). Made and removed around a run."""
+    global _pool
+    (WORK / "pool").mkdir(parents=True, exist_ok=True)
+    _pool = LayerStore.create_pool(WORK / "pool", size_bytes=8 << 30)
+    try:
+        yield _pool
+    finally:
+        _pool.destroy_pool()
+        _pool = None
+        shutil.rmtree(WORK / "pool", ignore_errors=True)
+
+
+def make_root(base: Path, snapshot_of: str | None, image: Path | None = None,
+              binds: tuple[Path, ...] = ()) -> tuple[Path, list[Path]]:
+    """A container root: read-only binds of /usr and /etc (the host's, or those of the workspace image ``image``)
+    and of ``binds`` at their path, /dev, /dev/shm, and a /tmp of its own: a new layer of the pool, or, for a
+    clone, a snapshot of the container ``snapshot_of``'s (the root's other entries of that container copied)."""
+    assert _pool is not None, "make_root runs inside layer_pool()"
     root = base / "root"
     root.mkdir(parents=True)
     mounts = []
@@ -90,57 +113,73 @@ def make_root(base: Path, tmp_from: Path | None, image: Path | None = None) -> t
         mounts.append(root / d)
     for d in ("proc", "tmp", "run", "sys"):
         (root / d).mkdir()
-    sys_.mount("tmp", str(root / "tmp"), "tmpfs")
+    if snapshot_of is None:
+        layer = _pool.create(base.name)
+        (layer / "upper").chmod(0o1777)
+    else:
+        layer = _pool.snapshot(snapshot_of, base.name)
+    sys_.mount(str(layer / "upper"), str(root / "tmp"), None, sys_.MS_BIND)
     mounts.append(root / "tmp")
     (root / "dev" / "shm").mkdir(exist_ok=True)
     sys_.mount("shm", str(root / "dev" / "shm"), "tmpfs")
     mounts.append(root / "dev" / "shm")
-    if tmp_from is not None:
-        # the snapshot of the source's writable part (its root's own files, /tmp); socket files are made again by
-        # the builder (bound anew)
-        def sockets(d: str, names: list[str]) -> list[str]:
-            return [n for n in names if stat.S_ISSOCK(os.lstat(f"{d}/{n}").st_mode)]
+    if snapshot_of is not None:
+        def sockets(d: str, names: list[str]) -> list[str]:  # and the binds' mount points
+            return [n for n in names if stat.S_ISSOCK(os.lstat(f"{d}/{n}").st_mode) or os.path.ismount(f"{d}/{n}")]
 
-        source_root = tmp_from.parent
-        for entry in source_root.iterdir():
-            if entry.name in ("usr", "etc", "dev", "proc", "sys", "tmp", "bin", "sbin", "lib", "lib64"):
+        # the source root's own files besides /tmp (socket files are made again by the builder, bound anew)
+        for entry in (WORK / snapshot_of / "root").iterdir():
+            if entry.name in ("usr", "etc", "dev", "proc", "sys", "tmp", "bin", "sbin", "lib", "lib64") or \
+                    os.path.ismount(entry):
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.copytree(entry, root / entry.name, symlinks=True, dirs_exist_ok=True, ignore=sockets)
             elif not (root / entry.name).exists():
                 shutil.copy2(entry, root / entry.name, follow_symlinks=False)
-        shutil.copytree(tmp_from, root / "tmp", symlinks=True, dirs_exist_ok=True, ignore=sockets)
+    for bind in binds:  # last: a bind below /tmp (the project in CI's checkout) is on the root's own /tmp
+        inside = root / bind.relative_to("/")
+        inside.mkdir(parents=True, exist_ok=True)
+        sys_.mount(str(bind), str(inside), None, sys_.MS_BIND)
+        sys_.mount(None, str(inside), None, sys_.MS_REMOUNT | sys_.MS_BIND | sys_.MS_RDONLY)
+        mounts.append(inside)
     return root, mounts
 
 
 def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None,
-          network: bool = False) -> Container:
+          network: bool = False, output: str = "/dev/null", binds: tuple[Path, ...] = ()) -> Container:
     """Start ``argv`` as pid 1 of a new container (on ``image``'s /usr and /etc, else the host's); ``files`` are
     copied into its /tmp first. With ``network``, in a network namespace of its own (its loopback up), else in the
-    guest's (a tree fork's clones get their own from the builder)."""
+    guest's (a tree fork's clones get their own from the builder). Its stdout and stderr go to ``output`` (a path
+    inside it); it sees ``binds`` read-only."""
     base = WORK / name
-    root, mounts = make_root(base, None, image)
+    root, mounts = make_root(base, None, image, binds)
     for f in files:
         shutil.copy(f, root / "tmp")
     cgroup = CGROUP / f"treefork-{name}"
     cgroup.mkdir()
     command = ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", f"--root={root}", "--wd=/tmp", "/bin/sh",
-               "-c", f'mount -t proc proc /proc && hostname {name} && exec "$@" </dev/null >/dev/null 2>&1', name,
+               "-c", f'mount -t proc proc /proc && hostname {name} && exec "$@" </dev/null >{shlex.quote(output)} 2>&1', name,
                *argv]
     if network:  # made with the guest's tools, before the root changes
         command = ["unshare", "--net", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "network", *command]
     script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.join(command)}"
-    log = open(base / "launcher.log", "wb")  # noqa: SIM115 (the launcher writes it while it runs)
-    launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                close_fds=True, start_new_session=True)
+    return launch(Container(name, root, cgroup, mounts=mounts, image=image, binds=binds), script)
+
+
+def launch(box: Container, script: str, deadline_s: float = 60.0) -> Container:
+    """Run the shell ``script`` that starts ``box``'s pid 1 (in a pid namespace of its own); returns ``box`` once
+    that process is there. Its output goes to launcher.log in the container's directory."""
+    log_path = WORK / box.name / "launcher.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (the launcher writes it while it runs)
+    box.launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    close_fds=True, start_new_session=True)
     log.close()
-    box = Container(name, root, cgroup, launcher=launcher, mounts=mounts, image=image)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + deadline_s
     while not box.init:
-        if time.monotonic() > deadline or launcher.poll() is not None:
-            raise RuntimeError(f"{name} did not start: {(base / 'launcher.log').read_text()[-2000:]}")
-        box.init = _init_of(launcher.pid)
-        time.sleep(0.05)
+        if time.monotonic() > deadline or box.launcher.poll() is not None:
+            raise RuntimeError(f"{box.name} did not start: {log_path.read_text()[-3000:]}")
+        box.init = _init_of(box.launcher.pid)
+        time.sleep(0.02)
     return box
 
 
@@ -161,14 +200,16 @@ def fork(source: Container, name: str, builder: str, made: list[Container], faul
     start (its root and cgroup are cleaned up with the others whatever happens)."""
     base = WORK / name
     started = time.monotonic()
-    root, mounts = make_root(base, source.path("/tmp"), source.image)
+    root, mounts = make_root(base, source.name, source.image, source.binds)
     cgroup = CGROUP / f"treefork-{name}"
     cgroup.mkdir()
-    clone = Container(name, root, cgroup, mounts=mounts, image=source.image)
+    clone = Container(name, root, cgroup, mounts=mounts, image=source.image, binds=source.binds)
     made.append(clone)
+    engine_step("root")
     snapshot = time.monotonic()
     plan = read_tree(source.init, hostname=source.name)
     plan.root, plan.cgroup = str(root), str(cgroup)
+    engine_step("read")
     read = time.monotonic()
     clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid)
     # frozen before it runs: the held clones trap into the freezer as they are released
@@ -179,6 +220,16 @@ def fork(source: Container, name: str, builder: str, made: list[Container], faul
     clone.steps_ms = {"snapshot": (snapshot - started) * 1000, "read": (read - snapshot) * 1000,
                       "build": (time.monotonic() - read) * 1000}
     return clone, clone.build.grafted_ms
+
+
+ENGINE_STEPS = ("frozen", "root", "read")  # the engine's own steps, before the builder's (the faults workload)
+_engine_dies_at = ""
+
+
+def engine_step(at: str) -> None:
+    """The faults workload's engine dies here (SIGKILL, as the OOM killer would end it) when told to."""
+    if at == _engine_dies_at:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # a refusal of a state the source leaves by itself (Chromium's processes pass descriptors over their sockets: a
@@ -242,6 +293,8 @@ def end(box: Container) -> None:
             time.sleep(0.05)
     for mount in reversed(box.mounts):
         sys_.umount(str(mount), sys_.MNT_DETACH)
+    if _pool is not None:
+        _pool.delete(box.name)
     shutil.rmtree(WORK / box.name, ignore_errors=True)
 
 
@@ -420,6 +473,93 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
             problems.append(f"a daemon stopped (lines source {daemon[0]}, clone {daemon[1]} before)")
         if clone.build and not any(p.placeholder for p in clone.build.plan.processes):
             problems.append("the daemon's session was not made by a placeholder (is its leader still there?)")
+    return problems
+
+
+SHOP_PORT = 7770
+
+
+def http(box: Container, path: str, cookie: str = "", form: dict[str, str] | None = None,
+         timeout: float = 120.0) -> tuple[int, str]:
+    """The status and body of a GET (a POST with ``form``) of ``path`` on the shop in ``box``, over its loopback."""
+    import http.client
+    import urllib.parse
+
+    def ask() -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", SHOP_PORT, timeout=timeout)
+        try:
+            headers = {"Cookie": f"session={cookie}"} if cookie else {}
+            if form is None:
+                conn.request("GET", path, headers=headers)
+            else:
+                headers["Content-Type"] = "application/x-www-form-urlencoded"
+                conn.request("POST", path, urllib.parse.urlencode(form), headers)
+            reply = conn.getresponse()
+            return reply.status, reply.read().decode(errors="replace")
+        finally:
+            conn.close()
+
+    return in_network_namespace(box.init, ask, timeout + 10)
+
+
+def workload_webshop(args: argparse.Namespace) -> list[str]:
+    """The embedded web shop's HTTP server (``shop_app.py``: its catalog, search index and images in memory, carts
+    and orders in SQLite) as a plain process in its own network namespace: the clone serves the source's pages
+    byte for byte on its own loopback, and a cart filled on one side is that side's only."""
+    problems: list[str] = []
+    # the project and the interpreter its virtualenv runs on (the host's /usr is there already)
+    binds = tuple(sorted({Path(__file__).resolve().parent.parent.parent, Path(sys.base_prefix)} - {Path("/usr")}))
+    with containers() as made:
+        source = start("webshop", [sys.executable, "/tmp/shop_app.py", "2000"], files=(args.shop_app,),
+                       network=True, output="/tmp/shop.log", binds=binds)
+        made.append(source)
+        deadline = time.monotonic() + 300
+        while not source.path("/tmp/ready").exists():
+            if time.monotonic() > deadline or _state(source.init) in ("", "Z"):
+                return [f"the shop did not start in 300 s: {source.path('/tmp/shop.log').read_text()[-2000:]}"]
+            time.sleep(0.5)
+        home = http(source, "/")[1]
+        category = re.findall(r'href="(/[a-z0-9-]+/[a-z0-9-]+\.html)"', home)
+        found = http(source, "/catalogsearch/result/?q=headphones")[1]
+        skus = list(dict.fromkeys(re.findall(r"-(b\d{10})\.html", found)))
+        if not category or len(skus) < 2:
+            return [f"the shop's pages have no category ({category[:2]}) or fewer than two products ({skus})"]
+        product = re.findall(r'href="(/[a-z0-9-]*-b\d{10}\.html)"', found)
+        paths = ["/", "/catalogsearch/result/?q=headphones", category[0], *product[:1]]
+        before = {p: http(source, p) for p in paths}
+        clone, frozen_ms, refused = fork_when_quiet(source, "webshop-1", args.builder, made, thaw=False)
+        plan = clone.build.plan if clone.build else None
+        say(f"grafted in {clone.build.grafted_ms if clone.build else 0:.1f} ms, "
+            f"{len(plan.processes) if plan else 0} processes, {len(plan.files) if plan else 0} open files "
+            f"({refused} attempts refused first)")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        try:
+            problems += shop_diverges(source, clone, paths, before, skus)
+        except OSError as e:
+            problems.append(f"{type(e).__name__}: {e}; the clone's log ends: "
+                            f"{clone.path('/tmp/shop.log').read_text(errors='replace')[-2000:]}")
+    return problems
+
+
+def shop_diverges(source: Container, clone: Container, paths: list[str], before: dict[str, tuple[int, str]],
+                  skus: list[str]) -> list[str]:
+    """The clone serves ``before`` at ``paths``; a cart filled on one side is that side's only."""
+    problems = []
+    after = {p: http(clone, p) for p in paths}
+    differ = [p for p in paths if after[p] != before[p]]
+    say(f"the clone served {len(paths) - len(differ)} of {len(paths)} pages as the source did "
+        f"({sum(len(b) for _, b in after.values())} bytes)")
+    if differ:
+        problems.append(f"the clone's pages differ from the source's at {differ}")
+    status, _ = http(clone, "/checkout/cart/add", "treefork", {"sku": skus[0], "qty": "2"})
+    http(source, "/checkout/cart/add", "treefork", {"sku": skus[1], "qty": "1"})
+    carts = [http(box, "/checkout/cart/", "treefork")[1] for box in (source, clone)]
+    say(f"cart add in the clone: HTTP {status}; the source's cart holds {[s for s in skus[:2] if s in carts[0]]}, "
+        f"the clone's {[s for s in skus[:2] if s in carts[1]]}")
+    if skus[0] not in carts[1] or skus[1] in carts[1] or skus[0] in carts[0] or skus[1] not in carts[0]:
+        problems.append("a cart filled on one side is not that side's only")
     return problems
 
 
@@ -604,7 +744,7 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
     problems: list[str] = []
     with containers() as made:
         source = start("chromium", ["/usr/bin/chromium", *CHROMIUM_FLAGS, "file:///tmp/shop.html"],
-                       files=(str(shop_page()),), image=image)
+                       files=(str(shop_page()),), image=image, output="/tmp/chromium.log")
         made.append(source)
         deadline = time.monotonic() + 180
         title: object = None
@@ -616,8 +756,9 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
                 error = e
                 time.sleep(1)
         if not title:
+            log = source.path("/tmp/chromium.log").read_text(errors="replace")[-3000:]
             return [f"Chromium did not load the page in 180 s ({type(error).__name__}: {error}); processes: "
-                    f"{[Path(f'/proc/{p}/comm').read_text().strip() for p in _tree(source.init)]}"]
+                    f"{[(_comm(p), _state(p), _wchan(p)) for p in _tree(source.init)]}; its log ends: {log}"]
         say(f"the source loaded {title!r} in {180 - (deadline - time.monotonic()):.0f} s")
         before = ax_names(source)
         clone, _, refused = fork_when_quiet(source, "chromium-1", args.builder, made, thaw=False)  # compared as forked
@@ -645,6 +786,21 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
                 p.placeholder or p.zombie for p in (plan.processes if plan else [])):
             problems.append(f"a process of the clone died: {alive}")
     return problems
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _wchan(pid: int) -> str:
+    """Where in the kernel ``pid``'s main thread sleeps."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _state(pid: int) -> str:
@@ -692,7 +848,8 @@ def workload_faults(args: argparse.Namespace) -> list[str]:
     """Kill the builder, a helper (of the clone's pid 1, and of its last process) or the source at every named step
     of a tree fork of the shell workload: the fork fails with a typed error or yields a clone that is then removed;
     no half-built clone, process, mount or module object remains; the source runs on (or, killed, is reported gone
-    and started again)."""
+    and started again). Then kill the engine at every step, its own, the builder's and the helper's: the clone and
+    the builder end by themselves (``engine_killed``)."""
     from bunshin.envs.runtime.treefork.errors import TreeForkFailed
 
     problems: list[str] = []
@@ -733,7 +890,70 @@ def workload_faults(args: argparse.Namespace) -> list[str]:
                 problems.append(f"{who} killed at {at}: the guest changed: {_changes(baseline, state)}")
             if who in ("builder", "helper") and outcome == "forked" and at != "released":
                 problems.append(f"{who} killed at {at}: the fork still reported a clone")
+        for n, (at, pid) in enumerate([(s, 1) for s in (*ENGINE_STEPS, *BUILDER_STEPS)]
+                                      + [(s, 1) for s in HELPER_STEPS]):
+            baseline = _guest_state()
+            outcome, found = engine_killed(source, f"faults-engine-{n}", args.builder, at, pid)
+            state = _settled(baseline)
+            say(f"engine killed at {at}{f' (helper of pid {pid})' if at in HELPER_STEPS else ''}: {outcome}; "
+                f"{'clean' if not found and state == baseline else 'PROBLEMS'}")
+            problems += found
+            if state != baseline:
+                problems.append(f"engine killed at {at}: after the cleanup the guest changed: "
+                                f"{_changes(baseline, state)}")
     return problems
+
+
+def engine_killed(source: Container, name: str, builder: str, at: str, fault_pid: int = 1) -> tuple[str, list[str]]:
+    """Run a tree fork of ``source`` in a process of its own, the engine, and kill it (SIGKILL) at step ``at``: one
+    of its own (``ENGINE_STEPS``), the builder's or a helper's (that of clone pid ``fault_pid``). Then, before any
+    cleanup: every process of the clone and the builder must be gone by themselves (the builder dies with its
+    engine, the clone with its builder), and the module's objects with them. The cleanup a restarted engine does
+    (the clone's mounts, its cgroup, its directory, found by name) is done here; the source, left frozen by the
+    dead engine, is thawed and must run on. Returns how the engine ended and the problems."""
+    global _engine_dies_at
+    before = _guest_state()
+    engine = os.fork()
+    if engine == 0:  # the engine
+        try:
+            _engine_dies_at = at
+            source.freeze(True)
+            engine_step("frozen")
+            fault = f"engine:{at}" if at not in ENGINE_STEPS else ""
+            fork(source, name, builder, [], fault=fault, fault_pid=fault_pid)
+        finally:
+            os._exit(3)  # alive past its step: the parent says so
+    _, status = os.waitpid(engine, 0)
+    problems = []
+    outcome = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else \
+        f"exited {os.waitstatus_to_exitcode(status)}"
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        problems.append(f"engine killed at {at}: the engine was not killed there ({outcome})")
+    cgroup = CGROUP / f"treefork-{name}"
+    deadline = time.monotonic() + 10
+    left: list[str] = []
+    while time.monotonic() < deadline:  # what ends by itself: no cleanup has run yet
+        state = _guest_state()
+        procs = (cgroup / "cgroup.procs").read_text().split() if cgroup.exists() else []
+        left = [f"clone processes {procs}"] if procs else []
+        left += [f"processes {_changes(before, state)}"] if state[0] != before[0] else []
+        left += [f"module objects {before[2]!r} -> {state[2]!r}"] if state[2] != before[2] else []
+        if not left:
+            break
+        time.sleep(0.1)
+    problems += [f"engine killed at {at}: before any cleanup, {what} remain" for what in left]
+    base = WORK / name  # the restarted engine's cleanup, by name
+    mounts = [Path(line.split()[4]) for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if line.split()[4].startswith(f"{base}/")]
+    end(Container(name, base / "root", cgroup, mounts=sorted(mounts, key=lambda m: len(m.parts))))
+    ticks = lines(source.path("/tmp/ticks"))
+    source.freeze(False)
+    deadline = time.monotonic() + 10
+    while lines(source.path("/tmp/ticks")) <= ticks and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if lines(source.path("/tmp/ticks")) <= ticks:
+        problems.append(f"engine killed at {at}: the source, thawed, does not run on")
+    return outcome, problems
 
 
 def _tree(init: int) -> list[int]:
@@ -765,6 +985,7 @@ def _ns_pid(host_pid: int) -> int:
 WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": workload_threads,
                                                                     "shell": workload_shell,
                                                                     "sockets": workload_sockets,
+                                                                    "webshop": workload_webshop,
                                                                     "xdesktop": workload_xdesktop,
                                                                     "chromium": workload_chromium,
                                                                     "faults": workload_faults}
@@ -777,11 +998,13 @@ def main() -> int:
     ap.add_argument("--threads-bin")
     ap.add_argument("--images", help="the workspace image store (BUNSHIN_IMAGE_DIR)")
     ap.add_argument("--sockets-app", default=str(Path(__file__).resolve().parent / "sockets_app.py"))
+    ap.add_argument("--shop-app", default=str(Path(__file__).resolve().parent / "shop_app.py"))
     ap.add_argument("--generations", type=int, default=1)
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     try:
-        problems = WORKLOADS[args.workload](args)
+        with layer_pool():
+            problems = WORKLOADS[args.workload](args)
     except Exception as e:  # the verdict names it; the TAP line fails
         problems = [f"{type(e).__name__}: {e}"]
     for problem in problems:

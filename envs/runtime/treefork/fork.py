@@ -26,16 +26,19 @@ class TreeForkBuild:
 
     def __init__(self, plan: TreePlan, builder: str | Path, timeout_s: float = 60.0, fault: str = "",
                  fault_pid: int = 1):
-        """``fault`` (``WHO:STEP``, tests only) kills the builder, the helper of clone pid ``fault_pid`` or the
-        source at a named step (see ``builder.c``)."""
+        """``fault`` (``WHO:STEP``, tests only) kills the builder, the helper of clone pid ``fault_pid``, the
+        source or the engine (this process) at a named step (see ``builder.c``)."""
         self.plan = plan
         self.timeout_s = timeout_s
         self.started = time.monotonic()
         self.grafted_ms = self.released_ms = 0.0
         # its steps go to a file: a pipe nobody reads would fill and stop a large build
         self._trace = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill)
-        env = dict(os.environ, BUNSHIN_TREEFORK_FAULT=fault, BUNSHIN_TREEFORK_FAULT_PID=str(fault_pid)) \
-            if fault else None
+        # the builder dies with the thread that starts it (PR_SET_PDEATHSIG), and the clone with the builder: the
+        # caller's thread must live as long as the clone
+        env = dict(os.environ, BUNSHIN_TREEFORK_ENGINE=str(os.getpid()))
+        if fault:
+            env.update(BUNSHIN_TREEFORK_FAULT=fault, BUNSHIN_TREEFORK_FAULT_PID=str(fault_pid))
         self.proc = subprocess.Popen([str(builder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._trace, start_new_session=True, env=env)
         self._buffer = b""
