@@ -24,14 +24,15 @@ from bunshin.envs.runtime.treefork.reader import TreeForkRefused, read_tree
 
 KMOD = Path(__file__).resolve().parent.parent / "kmod"
 PYTHON = "/usr/bin/python3"
+SHM = "import ctypes; c = ctypes.CDLL(None); c.shmat.restype = ctypes.c_void_p"  # SysV IPC through libc
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                                 reason="needs root (pid namespaces) and unshare")
 
 
 class Tree:
-    def __init__(self, argv: list[str], threads: int = 1, keeps_pipe: int = 0):
-        self.launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv],
+    def __init__(self, argv: list[str], threads: int = 1, keeps_pipe: int = 0, unshare: tuple[str, ...] = ()):
+        self.launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *unshare, *argv],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
         assert self.launcher.stdout is not None
@@ -79,14 +80,15 @@ def tree() -> Iterator[list[Tree]]:
         t.end()
 
 
-def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0) -> Tree:
-    """A Python process (pid 1 of its namespace) that runs ``code``, says ready on what fd 1 was (a pipe to us; fd 1
-    is /dev/null by then, so that no pipe crosses the tree's boundary) and sleeps."""
+def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0, unshare: tuple[str, ...] = ()) -> Tree:
+    """A Python process (pid 1 of its namespace, in the other namespaces ``unshare`` names: "--ipc") that runs
+    ``code``, says ready on what fd 1 was (a pipe to us; fd 1 is /dev/null by then, so that no pipe crosses the
+    tree's boundary) and sleeps."""
     program = (f"import os, sys, time\n{code}\n"
                "w = os.dup(1); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(n)\n"
                "os.write(w, b'ready\\n'); os.close(w)\n"
                "while True: time.sleep(1)\n")
-    t = Tree([PYTHON, "-c", program], keeps_pipe=keeps_pipe)
+    t = Tree([PYTHON, "-c", program], keeps_pipe=keeps_pipe, unshare=unshare)
     made.append(t)
     return t
 
@@ -147,9 +149,13 @@ REFUSALS = {
     "a pipe to outside": ("d = os.dup(1); os.dup2(d, 7); os.close(d)", "fd 7", "outside the tree"),
     "a device": ("os.open('/dev/tty0' if os.path.exists('/dev/tty0') else '/dev/kmsg', os.O_RDONLY)", "fd",
                  "a device"),
-    "SysV shared memory": ("import ctypes; c = ctypes.CDLL(None); c.shmat.restype = ctypes.c_void_p; "
-                           "i = c.shmget(0, 65536, 0o1600); c.shmat(i, None, 0); c.shmctl(i, 0, None)",
-                           "mapping", "SysV shared memory"),
+    "SysV shared memory in the host's IPC namespace": (
+        f"{SHM}; i = c.shmget(0, 65536, 0o1600); c.shmat(i, None, 0); c.shmctl(i, 0, None)", "mapping",
+        "host's IPC namespace"),
+    "a SysV segment no process maps, in the tree's own IPC namespace": (
+        f"{SHM}; c.shmget(4242, 65536, 0o1600)", "IPC namespace", "no process of the tree maps"),
+    "a SysV semaphore set in the tree's own IPC namespace": (
+        f"{SHM}; c.semget(4243, 1, 0o1600)", "IPC namespace", "semaphore sets"),
     "a memfd mapped privately, written": (
         "import mmap; f = os.memfd_create('m'); os.ftruncate(f, 4096); "
         "m = mmap.mmap(f, 4096, flags=mmap.MAP_PRIVATE); m[0] = 1", "mapping", "holding pages of its own"),
@@ -169,6 +175,10 @@ REFUSALS = {
         "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
         "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 4", "its leader is alive"),
 }
+
+
+OWN_IPC = {"a SysV segment no process maps, in the tree's own IPC namespace",
+           "a SysV semaphore set in the tree's own IPC namespace"}
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +204,8 @@ def outside_listener() -> Iterator[None]:
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_what_cannot_be_reproduced_is_refused_naming_it(tree: list[Tree], case: str, outside_listener: None) -> None:
     code, where, why = REFUSALS[case]
-    t = python_tree(tree, code, keeps_pipe=1 if case == "a pipe to outside" else 0)
+    t = python_tree(tree, code, keeps_pipe=1 if case == "a pipe to outside" else 0,
+                    unshare=("--ipc",) if case in OWN_IPC else ())
     with pytest.raises(TreeForkRefused) as caught:
         read_tree(t.init, hostname="box")
     err = caught.value
@@ -316,6 +327,34 @@ def test_a_deleted_file_and_shared_file_mappings_are_copies_of_their_own(tree: l
     assert {by_oid[r.oid].kind for r in proc.remaps} == {"shm", "file", "memfd"}
     assert {r.oid for r in proc.remaps} == {ghost.oid, shared.oid, memfd.oid}, [(r, by_oid[r.oid]) for r in proc.remaps]
     assert f"obj {reopen.oid} reopen {memfd.oid} 0 0\n" in render(plan)
+
+
+def test_sysv_segments_of_the_trees_own_ipc_namespace_are_planned_once_with_id_key_mode_size_and_owner(
+        tree: list[Tree]) -> None:
+    """X's MIT-SHM, in short: a keyed segment and a removed private one (IPC_RMID while attached, as X clients
+    do), each mapped by two processes (a fork inherits the attaches): one object each, with the kernel's id, key,
+    size, mode (``SHM_DEST`` for the removed one) and owner, taken from a mapping; every mapping moves onto it."""
+    code = (f"{SHM}\n"
+            "k = c.shmget(0x5151, 3 * 4096, 0o1640 | 0o1000); a = c.shmat(k, None, 0); ctypes.memset(a, 7, 4096)\n"
+            "p = c.shmget(0, 1 << 20, 0o1600); b = c.shmat(p, None, 0); c.shmctl(p, 0, None)\n"
+            "if os.fork() == 0:\n    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n"
+            "    while True: time.sleep(1)")
+    t = python_tree(tree, code, unshare=("--ipc",))
+    plan = read_tree(t.init, hostname="box")
+    segments = sorted((f for f in plan.files if f.kind == "sysv"), key=lambda f: f.segment.key if f.segment else 0)
+    assert [s.segment.key if s.segment else None for s in segments] == [0, 0x5151], segments
+    removed, keyed = (s.segment for s in segments)
+    assert removed is not None and keyed is not None
+    assert removed.removed and removed.size == 1 << 20 and removed.mode & 0o777 == 0o600
+    assert not keyed.removed and keyed.size == 3 * 4096 and keyed.mode & 0o777 == 0o640
+    assert keyed.uid == 0 and keyed.nattch == 2 and removed.nattch == 2
+    for proc in plan.processes:
+        assert sorted(r.oid for r in proc.remaps if r.oid in {s.oid for s in segments}) == \
+            sorted(s.oid for s in segments), proc
+    k = segments[1]
+    assert k.source_where.startswith("map_files/")
+    assert f"obj {k.oid} sysv {keyed.shmid} {0x5151} {keyed.mode} {3 * 4096} 0 0 {k.source_pid} " \
+           f"{k.source_where}\n" in render(plan)
 
 
 def test_a_proc_file_is_planned_for_its_process_to_open_in_the_clones_proc(tree: list[Tree]) -> None:

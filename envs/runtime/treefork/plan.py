@@ -22,6 +22,26 @@ class InotifyWatch(msgspec.Struct, frozen=True):
     path: str
 
 
+SHM_DEST = 0o1000  # in a SysV segment's mode: removed (IPC_RMID), it lives until its last detach
+
+
+class Segment(msgspec.Struct, frozen=True):
+    """One shared memory segment: its key (0: IPC_PRIVATE, as every removed one's is), id, mode (with
+    ``SHM_DEST``), size in bytes, owner and how many attaches it has."""
+
+    key: int
+    shmid: int
+    mode: int
+    size: int
+    uid: int
+    gid: int
+    nattch: int = 0
+
+    @property
+    def removed(self) -> bool:
+        return bool(self.mode & SHM_DEST)
+
+
 class OpenFile(msgspec.Struct, frozen=True):
     """One open file of the clone, shared by every descriptor (in any process) that names its ``oid``.
 
@@ -42,7 +62,9 @@ class OpenFile(msgspec.Struct, frozen=True):
     ``inotify`` (its ``watches`` added again in order, each with its source's descriptor number), ``reopen`` (the
     copy ``peer`` opened again, with access mode and status ``flags``, at ``offset``: another open file of it).
     A ``shm`` copy with ``count`` 1 is also how a deleted file (a "ghost") is made again: created at its path,
-    filled, unlinked.
+    filled, unlinked. ``sysv``: a SysV shared memory ``segment`` made again in the clone's IPC namespace with the
+    same id, key, size, mode and owner, its resident pages copied from the source's mapping ``source_where``, and
+    removed again once the clone has it attached if the source's was.
     """
 
     oid: int
@@ -61,6 +83,7 @@ class OpenFile(msgspec.Struct, frozen=True):
     port: int = 0
     groups: int = 0
     watches: tuple[InotifyWatch, ...] = ()  # an inotify instance's, by ascending descriptor number
+    segment: Segment | None = None  # a SysV segment's
 
 
 class Watch(msgspec.Struct, frozen=True):
@@ -163,6 +186,10 @@ def render(plan: TreePlan) -> str:
             out.append(f"obj {f.oid} netlink {f.count} {f.protocol} {f.port} {f.groups}")
         elif f.kind == "reopen":
             out.append(f"obj {f.oid} reopen {f.peer} {f.flags} {f.offset}")
+        elif f.kind == "sysv" and f.segment is not None:
+            g = f.segment
+            out.append(f"obj {f.oid} sysv {g.shmid} {g.key} {g.mode} {g.size} {g.uid} {g.gid} {f.source_pid} "
+                       f"{f.source_where}")
         elif f.kind == "inotify":
             out.append(f"obj {f.oid} inotify")
             out += [f"inotify_watch {f.oid} {w.wd} {w.mask} {w.path}" for w in f.watches]

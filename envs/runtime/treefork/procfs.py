@@ -1,18 +1,25 @@
 """Reading /proc for the tree fork: a process's status fields, its children, a tree in order, paths inside a root,
-mapping lines.
+mapping lines; and running a reader inside a process's namespace (what /proc shows of sockets and SysV IPC is the
+reading thread's namespace's).
 
-Owns: these readers, shared by ``reader.py`` (the plan) and ``oracle.py`` (the comparison).
-Must never: write to /proc.
+Owns: these readers, shared by ``reader.py`` (the plan) and ``oracle.py`` (the comparison), and
+``in_namespace_of``.
+Must never: write to /proc, or change the namespaces of the calling thread.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
+from .. import syscalls
 from .errors import TreeForkRefused
+
+T = TypeVar("T")
 
 MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) [0-9a-f]+ ([0-9a-f]+):([0-9a-f]+) (\d+)\s*(.*)$")
 
@@ -57,3 +64,31 @@ def inside(path: str, root: str, culprit: str) -> str:
     if not path.startswith(root + "/"):
         raise TreeForkRefused(culprit, f"{path} is outside the tree's root {root}")
     return path[len(root):]
+
+
+def in_namespace_of(host_pid: int, kind: str, nstype: int, work: Callable[[], T], timeout: float | None = None) -> T:
+    """``work()``'s result, run on a thread of its own that entered the ``kind`` namespace ("net", "ipc") of
+    ``host_pid`` (the calling thread's stays as it is); its exception is raised here, and TimeoutError after
+    ``timeout`` seconds."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def in_its_namespace() -> None:
+        try:
+            fd = os.open(f"/proc/{host_pid}/ns/{kind}", os.O_RDONLY)
+            try:
+                syscalls.setns(fd, nstype)
+            finally:
+                os.close(fd)
+            result.append(work())
+        except BaseException as e:  # handed to the caller's thread
+            failure.append(e)
+
+    thread = threading.Thread(target=in_its_namespace, name=f"{kind}ns-{host_pid}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if failure:
+        raise failure[0]
+    if not result:
+        raise TimeoutError(f"nothing from the {kind} namespace of pid {host_pid} in {timeout} s")
+    return result[0]

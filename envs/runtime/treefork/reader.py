@@ -28,6 +28,7 @@ from .inotify import inotify_watches, queued_bytes
 from .plan import SOCKET_PASSCRED, Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
 from .procfs import MAPS, inside, last, status, walk
 from .sockets import ESTABLISHED, LISTEN, NetlinkSocket, netlink_sockets, unix_sockets
+from .sysv import Ipc, read_ipc
 
 RLIM_INFINITY = (1 << 64) - 1
 # the character devices a clone reopens (in its own /dev), by device number: they hold no state
@@ -66,6 +67,14 @@ class _Reading:
     by_inode: dict[tuple[int, int], int] = field(default_factory=dict)  # shared memory copies, by (dev, inode)
     copies_in_use: set[int] = field(default_factory=set)  # copies already an open file of some descriptor
     mapped_files: dict[tuple[int, int], int] = field(default_factory=dict)  # files a mapping moves onto
+    segments: dict[int, int] = field(default_factory=dict)  # SysV segments' copies, by id
+    _ipc: Ipc | None = None
+
+    def ipc(self, host_pid: int) -> Ipc:
+        """The SysV objects of the tree's IPC namespace (read once: a tree has one, checked at the end)."""
+        if self._ipc is None:
+            self._ipc = read_ipc(host_pid)
+        return self._ipc
 
     def add(self, **kwargs: object) -> int:
         oid = len(self.files)
@@ -346,7 +355,8 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
     """The mappings the clone takes from its own copy of their file: of shared memory (memfd, /dev/shm), shared
     mappings of a deleted file (its ghost copy) and writable shared mappings of a file on a writable mount (the
     clone's file at its path, in the clone's snapshot). Read-only shared mappings of a file, or any of a file on a
-    read-only mount, stay as fork() leaves them (glibc maps its gconv cache so); SysV shared memory is refused."""
+    read-only mount, stay as fork() leaves them (glibc maps its gconv cache so); SysV shared memory (X's MIT-SHM),
+    onto the clone's copy of its segment."""
     out = []
     for line in Path(f"/proc/{host_pid}/maps").read_text().splitlines():
         m = MAPS.match(line)
@@ -357,7 +367,9 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
         culprit = f"pid {pid} mapping {where} ({name or 'anonymous'})"
         shared = perms[3] == "s"
         if name.startswith("/SYSV"):
-            raise TreeForkRefused(culprit, "SysV shared memory (not reproduced yet)")
+            oid = _segment_oid(reading, host_pid, int(inode), where, culprit)
+            out.append(Remap(source_pid=host_pid, where=where, oid=oid))
+            continue
         memfd = name.startswith("/memfd:")
         shm = name.startswith(f"{reading.root}/dev/shm/")
         if (memfd or shm) and int(inode):
@@ -388,6 +400,36 @@ def _remaps(reading: _Reading, host_pid: int, pid: int) -> list[Remap]:
                 oid = reading.mapped_files[key]
             out.append(Remap(source_pid=host_pid, where=where, oid=oid))
     return out
+
+
+def _segment_oid(reading: _Reading, host_pid: int, shmid: int, where: str, culprit: str) -> int:
+    """The clone's copy of SysV segment ``shmid`` (the inode number its mappings show), made once for every
+    mapping of it. The tree's IPC namespace must be its own (else the segment is the host's too)."""
+    ipc = reading.ipc(host_pid)
+    if ipc.ours:
+        raise TreeForkRefused(culprit, "SysV shared memory in the host's IPC namespace, not the tree's own")
+    if shmid not in ipc.segments:
+        raise TreeForkRefused(culprit, f"SysV segment {shmid} is not in the tree's IPC namespace")
+    if shmid not in reading.segments:
+        reading.segments[shmid] = reading.add(kind="sysv", segment=ipc.segments[shmid], source_pid=host_pid,
+                                              source_where=f"map_files/{where}")
+    return reading.segments[shmid]
+
+
+def _check_ipc(reading: _Reading, init_host_pid: int) -> None:
+    """What of SysV IPC a clone would miss: semaphore sets and message queues of the tree's own IPC namespace (not
+    reproduced yet), and a segment of it that no process of the tree maps (made again only through a mapping)."""
+    ipc = reading.ipc(init_host_pid)
+    if ipc.ours:
+        return
+    culprit = "pid 1's IPC namespace"
+    if ipc.semaphores or ipc.queues:
+        raise TreeForkRefused(culprit, f"{ipc.semaphores} SysV semaphore sets and {ipc.queues} message queues "
+                                       "(not reproduced yet)")
+    for shmid, seg in sorted(ipc.segments.items()):
+        if shmid not in reading.segments:
+            raise TreeForkRefused(culprit, f"SysV segment {shmid} (key {seg.key}) that no process of the tree "
+                                           "maps (not reproduced yet)")
 
 
 def _has_own_pages(host_pid: int, start: int, end: int) -> bool:
@@ -467,7 +509,10 @@ def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
                                                           cloexec=bool(fd.flags & os.O_CLOEXEC)))
     for p in processes:
         if not p.zombie and not p.placeholder:
+            if os.stat(f"/proc/{p.host_pid}/ns/ipc").st_ino != os.stat(f"/proc/{init_host_pid}/ns/ipc").st_ino:
+                raise TreeForkRefused(f"pid {p.pid} ({p.comm})", "an IPC namespace other than the tree's")
             p.remaps = _remaps(reading, p.host_pid, p.pid)
+    _check_ipc(reading, init_host_pid)
     return TreePlan(processes=processes, files=reading.files, watches=reading.watches,
                     hostname=hostname or _hostname(init_host_pid))
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from .. import syscalls
+from .procfs import in_namespace_of
 
 T = TypeVar("T")
 NETLINK_SOCK_DIAG = 4
@@ -106,28 +106,7 @@ def _dump(sock: socket.socket) -> dict[int, UnixSocket]:
 def in_network_namespace(host_pid: int, work: Callable[[], T], timeout: float | None = None) -> T:
     """``work()``'s result, run on a thread of its own that entered the network namespace of ``host_pid`` (the
     calling thread's stays as it is); its exception is raised here, and TimeoutError after ``timeout`` seconds."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def in_its_namespace() -> None:
-        try:
-            fd = os.open(f"/proc/{host_pid}/ns/net", os.O_RDONLY)
-            try:
-                syscalls.setns(fd, syscalls.CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            result.append(work())
-        except BaseException as e:  # handed to the caller's thread
-            failure.append(e)
-
-    thread = threading.Thread(target=in_its_namespace, name=f"netns-{host_pid}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if failure:
-        raise failure[0]
-    if not result:
-        raise TimeoutError(f"nothing from the network namespace of pid {host_pid} in {timeout} s")
-    return result[0]
+    return in_namespace_of(host_pid, "net", syscalls.CLONE_NEWNET, work, timeout)
 
 
 def unix_sockets(host_pid: int) -> dict[int, UnixSocket]:
