@@ -15,6 +15,8 @@
  * dup_mmap() (copy_page_range() skips a mapping without an anon_vma), so the
  * clone faults its pages in from @to. A private mapping with pages of its own
  * is refused (-EOPNOTSUPP), as are special mappings (PFN, mixed, hugetlb).
+ * A SysV segment's mappings move onto the orchestrator's attach of its copy
+ * (bunshin_remap_attach_of()): SysV shared memory (X's MIT-SHM) is a copy too.
  */
 #include <linux/file.h>
 #include <linux/highmem.h>
@@ -55,6 +57,42 @@ void bunshin_remap_put(struct bunshin_remap_table *t)
  * (entries unreadable), -EBADF (a descriptor is not open), -EINVAL (an entry
  * maps a file onto itself or onto a file of another kind), -ENOMEM.
  */
+/*
+ * A SysV segment is mapped through a file of its attach (shm_file_operations
+ * around the segment's shmem file: nattch, shmdt() and faults go through it),
+ * never through its shmem file itself, which is what opening the segment's
+ * /proc/PID/map_files entry gives. When the caller maps @to's inode through
+ * such a file of its own (the orchestrator attached the copy before starting
+ * the helper), that file is the one the clone's mappings move onto, so that
+ * they are attaches of the copy.
+ */
+static struct file *bunshin_remap_attach_of(struct file *to)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	struct file *found = NULL;
+
+	if (!mm)
+		return to;
+	mmap_read_lock(mm);
+	{
+		VMA_ITERATOR(vmi, mm, 0);
+
+		for_each_vma(vmi, vma) {
+			if (vma->vm_file && file_inode(vma->vm_file) == file_inode(to) &&
+			    vma->vm_file->f_op != to->f_op) {
+				found = get_file(vma->vm_file);
+				break;
+			}
+		}
+	}
+	mmap_read_unlock(mm);
+	if (!found)
+		return to;
+	fput(to);
+	return found;
+}
+
 struct bunshin_remap_table *bunshin_remap_get(const struct bunshin_graft *req)
 {
 	const struct bunshin_remap __user *uentries = u64_to_user_ptr(req->remap);
@@ -89,6 +127,7 @@ struct bunshin_remap_table *bunshin_remap_get(const struct bunshin_graft *req)
 			err = -EINVAL;
 			break;
 		}
+		t->map[i].to = bunshin_remap_attach_of(t->map[i].to);
 	}
 	if (err) {
 		bunshin_remap_put(t);

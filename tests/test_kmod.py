@@ -81,7 +81,7 @@ def test_a_guest_that_never_started_the_selftests_fails():
 def test_every_selftest_source_is_one_the_harness_runs():
     names = vmtest.selftest_names()
     assert set(names) == {"graft_api", "graft_faults", "graft_hold", "graft_memory", "graft_namespaces",
-                          "graft_remap", "graft_restart", "graft_threads"}
+                          "graft_remap", "graft_restart", "graft_sysv", "graft_threads"}
     # and every tree-fork workload, one TAP line each
     assert set(vmtest.TREEFORK_WORKLOADS) == set(_workloads())
 

@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from bunshin.envs.errors import ForkFailed
+from bunshin.envs.runtime import syscalls
+from bunshin.envs.runtime.treefork.oracle import describe
 from bunshin.envs.runtime.treefork.plan import render
+from bunshin.envs.runtime.treefork.procfs import in_namespace_of
 from bunshin.envs.runtime.treefork.reader import TreeForkRefused, read_tree
 
 KMOD = Path(__file__).resolve().parent.parent / "kmod"
@@ -355,6 +358,33 @@ def test_sysv_segments_of_the_trees_own_ipc_namespace_are_planned_once_with_id_k
     assert k.source_where.startswith("map_files/")
     assert f"obj {k.oid} sysv {keyed.shmid} {0x5151} {keyed.mode} {3 * 4096} 0 0 {k.source_pid} " \
            f"{k.source_where}\n" in render(plan)
+
+
+def test_the_oracle_lists_the_trees_sysv_segments_and_hashes_their_data_without_filling_their_holes(
+        tree: list[Tree]) -> None:
+    """A 64 MiB segment holding 10 bytes: the oracle's description lists it (key, size, attaches) and hashes its
+    pages with data only, read from its file: the segment still holds one page after; the hash follows the data."""
+    code = f"{SHM}\nk = c.shmget(0x77, 64 << 20, 0o1600); a = c.shmat(k, None, 0); ctypes.memset(a + 5 * 4096, 9, 10)"
+    t = python_tree(tree, code, unshare=("--ipc",))
+
+    def resident() -> int:  # the segment's rss, as its IPC namespace lists it
+        text = in_namespace_of(t.init, "ipc", syscalls.CLONE_NEWIPC, Path("/proc/sysvipc/shm").read_text, 10)
+        return int(text.splitlines()[1].split()[14])
+
+    view = describe(t.init)
+    segments, semaphores, queues = view[1]["ipc"]  # type: ignore[misc]
+    assert [(g.key, g.size, g.nattch) for g in segments] == [(0x77, 64 << 20, 1)] and not semaphores and not queues
+    maps: list[tuple[str, str, str, str, str]] = view[1]["maps"]  # type: ignore[assignment]
+    [where] = [f"{start}-{end}" for start, end, _, _, name in maps if name.startswith("/SYSV")]
+    assert resident() == 4096, "describing the segment filled its holes"
+    first = view[1]["memory"][where]  # type: ignore[index]
+    assert describe(t.init)[1]["memory"][where] == first  # type: ignore[index]
+    os.kill(t.init, signal.SIGCONT)
+    with open(f"/proc/{t.init}/mem", "r+b", buffering=0) as mem:
+        mem.seek(int(where.split("-")[0], 16) + 5 * 4096 + 3)
+        mem.write(b"\x01")
+    os.kill(t.init, signal.SIGSTOP)
+    assert describe(t.init)[1]["memory"][where] != first
 
 
 def test_a_proc_file_is_planned_for_its_process_to_open_in_the_clones_proc(tree: list[Tree]) -> None:

@@ -20,6 +20,7 @@
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/rseq.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -36,6 +37,7 @@ static uint8_t *region;
 static size_t region_size;
 static uint8_t *shm;
 size_t source_shm_size;
+bool source_sysv;
 static struct shared *sh;
 static void *robust_seen;
 static stack_t alt_seen;
@@ -227,6 +229,9 @@ static void source_serve(void)
 			if (shm)
 				shm[c.a % source_shm_size] = c.b;
 			break;
+		case 'D':
+			r.v[0] = shmdt(shm) ? errno : 0;
+			break;
 		case 'p': {
 			/* a private mapping of the memfd, written: it holds a page of its own */
 			uint8_t *priv = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, SHM_FD, 0);
@@ -264,7 +269,13 @@ static void source_main(size_t size, int threads)
 	madvise(region, size, MADV_NOHUGEPAGE);
 	for (i = 0; i < size; i += 8)
 		*(uint64_t *)(region + i) = i * 2654435761ULL + 1;
-	if (source_shm_size) {
+	if (source_shm_size && source_sysv) {
+		int id = shmget(IPC_PRIVATE, source_shm_size, 0600);
+
+		shm = id < 0 ? MAP_FAILED : shmat(id, NULL, 0);
+		if (shm == MAP_FAILED || shmctl(id, IPC_RMID, NULL))
+			_exit(2);
+	} else if (source_shm_size) {
 		int fd = memfd_create("bunshin-shm", 0);
 
 		if (fd < 0 || dup2(fd, SHM_FD) < 0 || ftruncate(SHM_FD, source_shm_size))
@@ -273,6 +284,8 @@ static void source_main(size_t size, int threads)
 		shm = mmap(NULL, source_shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, SHM_FD, 0);
 		if (shm == MAP_FAILED)
 			_exit(2);
+	}
+	if (source_shm_size) {
 		for (i = 0; i < source_shm_size; i++)
 			shm[i] = (uint8_t)(i * 7 + 3);
 	}

@@ -59,6 +59,11 @@ extern uid_t source_uid;
  */
 extern size_t source_shm_size;
 #define SHM_FD	12
+/*
+ * if set, that region is a SysV segment instead (IPC_PRIVATE, removed once
+ * attached, as X clients do): no SHM_FD; 'D' detaches it (shmdt())
+ */
+extern bool source_sysv;
 /* if set (a MAP_SHARED word), the helper stores now_ns() there just before its GRAFT */
 extern volatile uint64_t *graft_clock;
 

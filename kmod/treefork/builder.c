@@ -58,6 +58,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <linux/netlink.h>
@@ -80,7 +81,7 @@
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
 		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK,
-		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC };
+		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV };
 
 struct obj {
 	enum obj_kind kind;
@@ -102,6 +103,12 @@ struct obj {
 	int options;		/* a socket pair's end: SOCKET_PASSCRED (SO_PASSCRED) */
 	pid_t src_pid;		/* a socket pair's end: the source process and descriptor its bytes come from */
 	int src_fd;
+	struct {		/* OBJ_SYSV: the segment (count: its size), the builder's attach of it */
+		int id, key, mode;
+		uid_t uid;
+		gid_t gid;
+		void *at;
+	} sysv;
 };
 
 struct inotify_watch {
@@ -184,6 +191,7 @@ static uint64_t now_ns(void)
 
 static int trace_fd = 2;	/* the builder's stderr, kept apart from the clone's descriptors */
 static int self_fds = -1;	/* the builder's /proc/self/fd, opened before entering the clone's root */
+static int proc_dir = -1;	/* the builder's /proc, likewise (SysV: its IPC sysctls, its map_files) */
 
 /* a step, on stderr with the time since the start (the orchestrator shows it when a build fails) */
 static void step(const char *what)
@@ -380,6 +388,19 @@ static void parse_obj(char *line)
 		o->src = open(path, O_RDONLY | O_CLOEXEC);
 		if (o->src < 0)
 			die("cannot open the source's shared memory %s", path);
+	} else if (!strcmp(kind, "sysv")) {
+		char path[96], where[64];
+
+		o->kind = OBJ_SYSV;
+		if (sscanf(line, "obj %*d sysv %d %d %d %llu %u %u %d %63s", &o->sysv.id, &o->sysv.key,
+			   &o->sysv.mode, &count, &o->sysv.uid, &o->sysv.gid, &a, where) != 8)
+			die("plan: bad sysv: %s", line);
+		o->count = count;
+		/* the segment's shmem file, through a mapping of it: its bytes are read from there */
+		snprintf(path, sizeof(path), "/proc/%d/%s", a, where);
+		o->src = open(path, O_RDONLY | O_CLOEXEC);
+		if (o->src < 0)
+			die("cannot open the source's SysV segment %s", path);
 	} else if (!strcmp(kind, "epoll")) {
 		o->kind = OBJ_EPOLL;
 	} else if (!strcmp(kind, "accepted")) {
@@ -728,6 +749,72 @@ static int make_inotify(struct obj *o)
 	return fd;
 }
 
+/*
+ * A SysV segment made again in the clone's IPC namespace (the builder is in
+ * it): the same id (kernel.shm_next_id, set just before), key, size, mode and
+ * owner, its pages copied where the source's has data (SEEK_DATA: a segment
+ * is mostly holes, X's MIT-SHM reserves far more than it draws). The builder
+ * attaches it, and every helper inherits the attach: the module moves the
+ * clone's mappings onto that attach's file. A removed segment is removed
+ * again at once: it lives on while attached, its key private.
+ */
+static void make_sysv(struct obj *o)
+{
+	struct shmid_ds ds;
+	char name[64];
+	off_t data = 0, hole;
+	int next, id;
+	ssize_t n;
+
+	next = openat(proc_dir, "sys/kernel/shm_next_id", O_WRONLY | O_CLOEXEC);
+	if (next < 0 || dprintf(next, "%d\n", o->sysv.id) < 0 || close(next))
+		die("kernel.shm_next_id = %d", o->sysv.id);
+	id = shmget(o->sysv.key ? o->sysv.key : IPC_PRIVATE, o->count, (o->sysv.mode & 0777) | IPC_CREAT | IPC_EXCL);
+	if (id < 0)
+		die("shmget of SysV segment %d", o->sysv.id);
+	if (id != o->sysv.id)
+		die("SysV segment %d made with id %d", o->sysv.id, id);
+	o->sysv.at = shmat(id, NULL, 0);
+	if (o->sysv.at == (void *)-1)
+		die("shmat of SysV segment %d", id);
+	while ((data = lseek(o->src, data, SEEK_DATA)) >= 0 && (unsigned long long)data < o->count) {
+		hole = lseek(o->src, data, SEEK_HOLE);
+		if (hole < 0)
+			die("SEEK_HOLE in SysV segment %d", id);
+		while (data < hole) {
+			n = pread(o->src, (char *)o->sysv.at + data, hole - data, data);
+			if (n <= 0)
+				die("copying SysV segment %d", id);
+			data += n;
+		}
+	}
+	if (shmctl(id, IPC_STAT, &ds))
+		die("IPC_STAT of SysV segment %d", id);
+	ds.shm_perm.uid = o->sysv.uid;
+	ds.shm_perm.gid = o->sysv.gid;
+	ds.shm_perm.mode = o->sysv.mode & 0777;
+	if (shmctl(id, IPC_SET, &ds))
+		die("IPC_SET of SysV segment %d", id);
+	if (o->sysv.mode & SHM_DEST && shmctl(id, IPC_RMID, NULL))
+		die("IPC_RMID of SysV segment %d", id);
+	/* its shmem file, as the remap's table wants it (the module finds the attach's own) */
+	snprintf(name, sizeof(name), "self/map_files/%lx-%lx", (unsigned long)o->sysv.at,
+		 (unsigned long)o->sysv.at + (unsigned long)((o->count + 4095) & ~4095ULL));
+	o->fd = openat(proc_dir, name, O_RDWR | O_CLOEXEC);
+	if (o->fd < 0)
+		die("opening SysV segment %d's file", id);
+}
+
+/* once the clone is grafted: the builder's attaches go (the clone's hold the segments) */
+static void detach_sysv(void)
+{
+	int i;
+
+	for (i = 0; i < nobjs; i++)
+		if (objs[i].kind == OBJ_SYSV && objs[i].sysv.at && shmdt(objs[i].sysv.at))
+			die("shmdt of SysV segment %d", objs[i].sysv.id);
+}
+
 static void make_obj(int id)
 {
 	struct obj *o = &objs[id];
@@ -798,6 +885,9 @@ static void make_obj(int id)
 			die("lseek %s", o->path);
 		if (o->count && unlink(o->path))
 			die("unlinking %s", o->path);
+		break;
+	case OBJ_SYSV:
+		make_sysv(o);
 		break;
 	case OBJ_EPOLL:
 		o->fd = epoll_create1(0);
@@ -1366,6 +1456,7 @@ int main(void)
 	fault_setup();
 	fault("builder", "plan", getpid(), procs[0].host_pid);
 	open_sources();
+	proc_dir = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	self_fds = open("/proc/self/fd", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (self_fds < 0)
 		die("/proc/self/fd");
@@ -1400,6 +1491,7 @@ int main(void)
 		printf("error %d %d %s\n", r.pid, r.err, r.what);
 		return 1;
 	}
+	detach_sysv();
 	printf("grafted %d %.3f\n", nprocs, (now_ns() - started_ns) / 1e6);
 	fault("builder", "grafted", getpid(), procs[0].host_pid);
 	if (hold) {

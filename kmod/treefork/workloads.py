@@ -680,6 +680,97 @@ def workload_xdesktop(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+CALC_SCRIPT = """
+Xvfb :0 -screen 0 1280x800x24 -nolisten tcp &
+while [ ! -S /tmp/.X11-unix/X0 ]; do sleep 0.1; done
+export DISPLAY=:0 HOME=/tmp
+mkdir -p /tmp/.config/libreoffice/4/user
+cp /tmp/registrymodifications.xcu /tmp/.config/libreoffice/4/user/
+openbox &
+soffice --calc --norestore --nologo --infilter=CSV:44,34,76,1 /tmp/sheet.csv &
+while true; do sleep 1; done
+"""
+CALC_WINDOW = "sheet.csv - LibreOffice Calc"
+# the user profile's one setting: save a CSV sheet as CSV without asking (the "Keep current format" dialog)
+CALC_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
+<oor:items xmlns:oor="http://openoffice.org/2001/registry" xmlns:xs="http://www.w3.org/2001/XMLSchema"
+ xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="WarnAlienFormat" oor:op="fuse">
+<value>false</value></prop></item>
+</oor:items>
+"""
+
+
+def calc_saves(box: Container, word: str) -> str:
+    """Type ``word`` into cell A1 of the box's Calc and save the sheet (keeping its CSV format); the sheet's text
+    once it has ``word`` in it (else what it is after 120 s)."""
+    started = time.monotonic()
+    say(in_container(box, f"xdotool search --name '{CALC_WINDOW}' windowactivate --sync; sleep 1; "
+                          f"xdotool key --delay 200 ctrl+Home; xdotool type --delay 100 '{word}'; "
+                          "xdotool key --delay 200 Return ctrl+s")[-300:].strip() or f"{box.name}: typed '{word}', saved")
+    sheet = box.path("/tmp/sheet.csv")
+    deadline = time.monotonic() + 120
+    while word not in sheet.read_text() and time.monotonic() < deadline:
+        time.sleep(1)
+    text = sheet.read_text()
+    names = re.findall(r'"([^"]+)": \(', windows(box))[:12]  # xwininfo's: 0x... "name": (...)
+    say(f"{box.name}: the sheet {'saved' if word in text else 'NOT saved'} {time.monotonic() - started:.0f} s after "
+        f"the keys; windows: {names}")
+    return text
+
+
+def workload_calc(args: argparse.Namespace) -> list[str]:
+    """LibreOffice Calc with a sheet open, on Xvfb with openbox (the desktop workspace image): soffice's and
+    Xvfb's SysV shared memory (X's MIT-SHM) included, each side with its own copy. The clone shows the source's
+    Calc window, saves the sheet after a cell is typed in its Calc, and the source's file does not change; the
+    source's Calc saves its own afterwards, which the clone's file does not get."""
+    from bunshin.envs.images.recipes import recipe
+    from bunshin.envs.images.store import ImageStore
+
+    image = ImageStore(Path(args.images) if args.images else None).require(recipe("desktop")).root
+    sheet, settings = WORK / "sheet.csv", WORK / "registrymodifications.xcu"
+    sheet.write_text("item,count\napples,3\npears,5\n")
+    settings.write_text(CALC_SETTINGS)
+    problems: list[str] = []
+    with containers() as made:
+        source = start("calc", ["/bin/sh", "-c", CALC_SCRIPT], files=(str(sheet), str(settings)), image=image)
+        made.append(source)
+        started = time.monotonic()
+        while CALC_WINDOW not in windows(source) and time.monotonic() < started + 600:
+            time.sleep(2)
+        if CALC_WINDOW not in windows(source):
+            return [f"Calc did not open the sheet in 600 s: {windows(source)[-500:]}"]
+        time.sleep(5)  # the document drawn
+        say(f"the source's Calc showed the sheet in {time.monotonic() - started:.0f} s")
+        clone, frozen_ms, refused = fork_when_quiet(source, "calc-1", args.builder, made, thaw=False)
+        plan = clone.build.plan if clone.build else None
+        segments = [f for f in plan.files if f.kind == "sysv"] if plan else []
+        say(f"grafted in {clone.build.grafted_ms if clone.build else 0:.1f} ms ({refused} attempts refused first), "
+            f"{[p.comm for p in plan.processes] if plan else []}, {len(plan.files) if plan else 0} open files, "
+            f"SysV segments {[(f.segment.size >> 10, f.segment.nattch) for f in segments if f.segment]} (KiB, "
+            f"attaches)")
+        if not segments:
+            problems.append("no SysV segment in the plan: is MIT-SHM not in use?")
+        problems += oracle(source, clone, pages_per_mapping=1)
+        source.freeze(False)
+        clone.freeze(False)
+        if CALC_WINDOW not in windows(clone):
+            problems.append(f"the clone shows no Calc window: {windows(clone)[-300:]}")
+        saved = calc_saves(clone, "clonecell")
+        if "clonecell" not in saved:
+            problems.append(f"the clone's Calc did not save the sheet: {saved!r}")
+        if "clonecell" in source.path("/tmp/sheet.csv").read_text():
+            problems.append("the clone's save changed the source's sheet")
+        saved = calc_saves(source, "sourcecell")
+        if "sourcecell" not in saved:
+            problems.append(f"the source's Calc did not save its sheet after the fork: {saved!r}")
+        if "sourcecell" in clone.path("/tmp/sheet.csv").read_text():
+            problems.append("the source's save changed the clone's sheet")
+        say(f"sheets: source {source.path('/tmp/sheet.csv').read_text().splitlines()[:1]}, "
+            f"clone {clone.path('/tmp/sheet.csv').read_text().splitlines()[:1]}")
+    return problems
+
+
 BUILDER_STEPS = ("plan", "namespaces", "files", "init", "grafted", "released")
 HELPER_STEPS = ("children", "descriptors", "threads", "graft")
 SOURCE_STEPS = ("plan", "files", "init", "grafted")
@@ -987,6 +1078,7 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": wo
                                                                     "sockets": workload_sockets,
                                                                     "webshop": workload_webshop,
                                                                     "xdesktop": workload_xdesktop,
+                                                                    "calc": workload_calc,
                                                                     "chromium": workload_chromium,
                                                                     "faults": workload_faults}
 

@@ -26,6 +26,7 @@ from .inotify import inotify_watches
 from .procfs import MAPS, inside, last, status, walk
 from .reader import STATELESS_DEVICES
 from .sockets import NetlinkSocket, UnixSocket, netlink_sockets, unix_sockets
+from .sysv import read_ipc
 
 FIONREAD = 0x541B
 SKIPPED_MAPPINGS = ("[vvar]", "[vsyscall]")
@@ -161,6 +162,9 @@ def _memory_hashes(host_pid: int) -> dict[str, str]:
                 zero = not mem.read(int(end, 16) - int(start, 16)).strip(b"\0")
                 out[f"{start}-{end}"] = WIPED_ZERO if zero else "wipe-on-fork, not zero"
                 continue
+            if name.startswith("/SYSV"):
+                out[f"{start}-{end}"] = _segment_hash(host_pid, f"{start}-{end}")
+                continue
             lo, hi = int(start, 16), int(end, 16)
             h = hashlib.blake2b(digest_size=16)
             file_backed = name.startswith("/") and not name.startswith("/memfd:") and perms[3] == "p"
@@ -180,6 +184,30 @@ def _memory_hashes(host_pid: int) -> dict[str, str]:
                     h.update(f"unreadable at {at:x}: {e.errno}".encode())
             out[f"{start}-{end}"] = h.hexdigest()
     return out
+
+
+def _segment_hash(host_pid: int, where: str) -> str:
+    """A hash of a SysV segment's pages that hold anything, by offset, read from its shmem file (not through the
+    mapping: reading a hole of it there would fill it, and X's MIT-SHM segments are mostly holes). A page of zeros
+    is a hole's equal, whichever side has it allocated."""
+    h = hashlib.blake2b(digest_size=16)
+    fd = os.open(f"/proc/{host_pid}/map_files/{where}", os.O_RDONLY)
+    try:
+        size, data = os.fstat(fd).st_size, 0
+        while data < size:
+            try:
+                data = os.lseek(fd, data, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after it
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            for page in range(data - data % 4096, hole, 4096):
+                chunk = os.pread(fd, 4096, page)
+                if chunk.strip(b"\0"):
+                    h.update(f"{page:x}".encode() + chunk)
+            data = hole
+    finally:
+        os.close(fd)
+    return h.hexdigest()
 
 
 # the calls that run with a temporary signal mask, by x86-64 number: rt_sigsuspend, pselect6, ppoll, epoll_pwait,
@@ -257,6 +285,9 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
             "fds": fds, "maps": _maps(host_pid), "root": root, "memory": _memory_hashes(host_pid),
             "mounts": _mounts(host_pid, root),
         }
+    ipc = read_ipc(init_host_pid)
+    if not ipc.ours:  # the tree's own SysV objects: the same ids, keys, modes, sizes, owners and attach counts
+        view[1]["ipc"] = (sorted(ipc.segments.values(), key=lambda g: g.shmid), ipc.semaphores, ipc.queues)
     return view
 
 
@@ -308,7 +339,8 @@ def diverge(source_pid: int, clone_pid: int, pages_per_mapping: int = 4) -> tupl
     with open(f"/proc/{source_pid}/mem", "r+b", buffering=0) as smem, \
             open(f"/proc/{clone_pid}/mem", "r+b", buffering=0) as cmem:
         for start, end, perms, _, name in _maps(source_pid):
-            if perms[:2] != "rw" or perms[3] != "p" or name in SKIPPED_MAPPINGS:
+            # private pages, and those of SysV segments (shared, but each side's is its own copy)
+            if perms[:2] != "rw" or (perms[3] != "p" and not name.startswith("/SYSV")) or name in SKIPPED_MAPPINGS:
                 continue
             lo, hi = int(start, 16), int(end, 16)
             npages = (hi - lo) // 4096
