@@ -387,6 +387,32 @@ def test_the_oracle_lists_the_trees_sysv_segments_and_hashes_their_data_without_
     assert describe(t.init)[1]["memory"][where] != first
 
 
+def test_an_inherited_descriptor_is_the_callers_in_place_of_the_sources_open_file(
+        tree: list[Tree], outside_listener: None) -> None:
+    """A connection to outside the tree (an engine's channel, say), which alone would refuse the fork: named in
+    ``inherit``, it is planned as the caller's descriptor, for every descriptor of that open file (a child's
+    inherited copy too); nothing else changes. A name the tree lacks, or one open file given two descriptors,
+    is the caller's mistake: ValueError."""
+    code = ("import socket; c = socket.socket(socket.AF_UNIX); c.connect('\\0bunshin-treefork-test'); "
+            "os.dup2(c.fileno(), 7)\nif os.fork() == 0:\n    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n"
+            "    while True: time.sleep(1)")
+    t = python_tree(tree, code)
+    with pytest.raises(TreeForkRefused):
+        read_tree(t.init, hostname="box")
+    plan = read_tree(t.init, hostname="box", inherit={(1, 7): 9})
+    [inherited] = [f for f in plan.files if f.kind == "inherit"]
+    assert inherited.count == 9
+    for proc in plan.processes:  # fd 7 and the socket's own descriptor, in both processes
+        assert [d.num for d in proc.descriptors if d.oid == inherited.oid] == sorted(
+            [7, next(d.num for d in proc.descriptors if d.oid == inherited.oid and d.num != 7)]), proc.descriptors
+    assert f"obj {inherited.oid} inherit 9\n" in render(plan)
+    with pytest.raises(ValueError, match="does not have"):
+        read_tree(t.init, hostname="box", inherit={(1, 7): 9, (1, 99): 10})
+    socket_fd = next(d.num for d in plan.processes[0].descriptors if d.oid == inherited.oid and d.num != 7)
+    with pytest.raises(ValueError, match="two descriptors"):
+        read_tree(t.init, hostname="box", inherit={(1, 7): 9, (1, socket_fd): 10})
+
+
 def test_a_proc_file_is_planned_for_its_process_to_open_in_the_clones_proc(tree: list[Tree]) -> None:
     t = python_tree(tree, "f = os.open('/proc/self/statm', os.O_RDONLY); os.read(f, 3)")
     plan = read_tree(t.init, hostname="box")

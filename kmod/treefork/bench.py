@@ -16,7 +16,7 @@ the dump, paid once for every restore; cold: none). Per N (1, 4, 16 by default, 
 when the N-th is ready): **memory**, the guest's MemAvailable drop since before the first instance (what N cost the
 machine: shared frames counted once) and the instances' PSS sum.
 
-    bench.py --builder BIN --images DIR [--workloads chromium,xdesktop] [--clones 1,4,16]
+    bench.py --builder BIN --images DIR [--workloads chromium,xdesktop,calc] [--clones 1,4,16]
 
 Owns: the three ways and their measurements. Prints progress as "# bench: ..." lines and the result as one JSON
 line (a way that fails, CRIU on a workload it cannot dump say, is a result too: its error is in ``failures``; the
@@ -75,6 +75,11 @@ def xdesktop_ready(box: wl.Container) -> bool:
     return "bunshin-xev" in wl.windows(box)
 
 
+def calc_ready(box: wl.Container) -> bool:
+    """Calc's window with its sheet, in the window tree a new X client gets (the desktop's criterion)."""
+    return wl.CALC_WINDOW in wl.windows(box)
+
+
 def workload(name: str, images: str | None) -> Workload:
     from bunshin.envs.images.recipes import recipe
     from bunshin.envs.images.store import ImageStore
@@ -87,7 +92,10 @@ def workload(name: str, images: str | None) -> Workload:
     if name == "xdesktop":
         return Workload(name, store.require(recipe("desktop")).root, ["/bin/sh", "-c", wl.XDESKTOP_SCRIPT], (),
                         xdesktop_ready, 120)
-    raise SystemExit(f"bench.py: no workload {name!r} (have chromium, xdesktop)")
+    if name == "calc":
+        return Workload(name, store.require(recipe("desktop")).root, ["/bin/sh", "-c", wl.CALC_SCRIPT],
+                        wl.calc_files(), calc_ready, 600)
+    raise SystemExit(f"bench.py: no workload {name!r} (have chromium, xdesktop, calc)")
 
 
 def wait_ready(spec: Workload, box: wl.Container, since: float) -> float:

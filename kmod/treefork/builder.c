@@ -81,7 +81,7 @@
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
 		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK,
-		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV };
+		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV, OBJ_INHERIT };
 
 struct obj {
 	enum obj_kind kind;
@@ -388,6 +388,11 @@ static void parse_obj(char *line)
 		o->src = open(path, O_RDONLY | O_CLOEXEC);
 		if (o->src < 0)
 			die("cannot open the source's shared memory %s", path);
+	} else if (!strcmp(kind, "inherit")) {
+		/* a descriptor of the caller's, passed to us at this number, in place of the source's file */
+		o->kind = OBJ_INHERIT;
+		if (sscanf(line, "obj %*d inherit %d", &o->src_fd) != 1 || fcntl(o->src_fd, F_GETFD) < 0)
+			die("plan: inherit names no descriptor of ours: %s", line);
 	} else if (!strcmp(kind, "sysv")) {
 		char path[96], where[64];
 
@@ -888,6 +893,9 @@ static void make_obj(int id)
 		break;
 	case OBJ_SYSV:
 		make_sysv(o);
+		break;
+	case OBJ_INHERIT:
+		o->fd = o->src_fd;	/* moved high below, like every object */
 		break;
 	case OBJ_EPOLL:
 		o->fd = epoll_create1(0);

@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -146,11 +147,12 @@ def make_root(base: Path, snapshot_of: str | None, image: Path | None = None,
 
 
 def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None,
-          network: bool = False, output: str = "/dev/null", binds: tuple[Path, ...] = ()) -> Container:
+          network: bool = False, output: str = "/dev/null", binds: tuple[Path, ...] = (),
+          pass_fds: tuple[int, ...] = ()) -> Container:
     """Start ``argv`` as pid 1 of a new container (on ``image``'s /usr and /etc, else the host's); ``files`` are
     copied into its /tmp first. With ``network``, in a network namespace of its own (its loopback up), else in the
     guest's (a tree fork's clones get their own from the builder). Its stdout and stderr go to ``output`` (a path
-    inside it); it sees ``binds`` read-only."""
+    inside it); it sees ``binds`` read-only, and has our descriptors ``pass_fds`` at their numbers."""
     base = WORK / name
     root, mounts = make_root(base, None, image, binds)
     for f in files:
@@ -163,16 +165,16 @@ def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path |
     if network:  # made with the guest's tools, before the root changes
         command = ["unshare", "--net", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "network", *command]
     script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.join(command)}"
-    return launch(Container(name, root, cgroup, mounts=mounts, image=image, binds=binds), script)
+    return launch(Container(name, root, cgroup, mounts=mounts, image=image, binds=binds), script, pass_fds=pass_fds)
 
 
-def launch(box: Container, script: str, deadline_s: float = 60.0) -> Container:
+def launch(box: Container, script: str, deadline_s: float = 60.0, pass_fds: tuple[int, ...] = ()) -> Container:
     """Run the shell ``script`` that starts ``box``'s pid 1 (in a pid namespace of its own); returns ``box`` once
     that process is there. Its output goes to launcher.log in the container's directory."""
     log_path = WORK / box.name / "launcher.log"
     log = open(log_path, "wb")  # noqa: SIM115 (the launcher writes it while it runs)
     box.launcher = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    close_fds=True, start_new_session=True)
+                                    close_fds=True, start_new_session=True, pass_fds=pass_fds)
     log.close()
     deadline = time.monotonic() + deadline_s
     while not box.init:
@@ -194,10 +196,11 @@ def _init_of(launcher: int) -> int:
 
 
 def fork(source: Container, name: str, builder: str, made: list[Container], fault: str = "",
-         fault_pid: int = 1) -> tuple[Container, float]:
+         fault_pid: int = 1, inherit: dict[tuple[int, int], int] | None = None) -> tuple[Container, float]:
     """A tree fork of the frozen ``source``: returns the clone, frozen before its first instruction, and the
     milliseconds from the builder's start to every clone grafted. The clone's container is in ``made`` from the
-    start (its root and cgroup are cleaned up with the others whatever happens)."""
+    start (its root and cgroup are cleaned up with the others whatever happens). ``inherit``: descriptors of the
+    source, (pid, number), that the clone gets from us instead (our descriptor numbers)."""
     base = WORK / name
     started = time.monotonic()
     root, mounts = make_root(base, source.name, source.image, source.binds)
@@ -207,11 +210,12 @@ def fork(source: Container, name: str, builder: str, made: list[Container], faul
     made.append(clone)
     engine_step("root")
     snapshot = time.monotonic()
-    plan = read_tree(source.init, hostname=source.name)
+    plan = read_tree(source.init, hostname=source.name, inherit=inherit)
     plan.root, plan.cgroup = str(root), str(cgroup)
     engine_step("read")
     read = time.monotonic()
-    clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid)
+    clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid,
+                                pass_fds=tuple(sorted(set((inherit or {}).values()))))
     # frozen before it runs: the held clones trap into the freezer as they are released
     (cgroup / "cgroup.freeze").write_text("1")
     clone.build.release()
@@ -308,11 +312,12 @@ def containers() -> Iterator[list[Container]]:
             end(box)
 
 
-def oracle(source: Container, clone: Container, pages_per_mapping: int = 4) -> list[str]:
-    """The oracle's differences and the divergence's failures (``pages_per_mapping`` private pages written into each
-    mapping of each side)."""
+def oracle(source: Container, clone: Container, pages_per_mapping: int = 4,
+           inherited: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
+    """The oracle's differences (but in the ``inherited`` descriptors, the clone's from us) and the divergence's
+    failures (``pages_per_mapping`` private pages written into each mapping of each side)."""
     started = time.monotonic()
-    problems = compare(describe(source.init), describe(clone.init))
+    problems = compare(describe(source.init), describe(clone.init), inherited)
     hosts = [{_ns_pid(p): p for p in _tree(box.init)} for box in (source, clone)]
     for n, problem in enumerate(problems):  # what a memory difference is, to say why
         words = problem.split()
@@ -563,6 +568,62 @@ def shop_diverges(source: Container, clone: Container, paths: list[str], before:
     return problems
 
 
+# pid 1 of the channel workload: answers each message on the descriptor argv[1] names (its engine's channel)
+CHANNEL_APP = """
+import socket, sys
+c = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    m = c.recv(64)
+    if not m:
+        break
+    c.sendall(b"echo " + m)
+"""
+
+
+def ask(channel: socket.socket, message: bytes) -> bytes:
+    channel.settimeout(60)
+    channel.sendall(message)
+    return channel.recv(64)
+
+
+def workload_channel(args: argparse.Namespace) -> list[str]:
+    """A process holding a socket to us, its engine (outside the tree: alone it would refuse the fork), forked with
+    that descriptor inherited (``read_tree``'s ``inherit``, CRIU's ``--inherit-fd``): the clone answers on the
+    new channel we gave it, the source on its own, neither hears the other's messages."""
+    problems: list[str] = []
+    ours, theirs = socket.socketpair()
+    with containers() as made, ours:
+        source = start("channel", ["/usr/bin/python3", "-c", CHANNEL_APP, str(theirs.fileno())],
+                       pass_fds=(theirs.fileno(),))
+        made.append(source)
+        theirs.close()
+        if ask(ours, b"one") != b"echo one":
+            return ["the source does not answer on its channel"]
+        number = int(next(n for n in os.listdir(f"/proc/{source.init}/fd")
+                          if os.readlink(f"/proc/{source.init}/fd/{n}").startswith("socket:")))
+        clone_ours, clone_theirs = socket.socketpair()
+        with clone_ours, clone_theirs:
+            source.freeze(True)
+            clone, ms = fork(source, "channel-1", args.builder, made, inherit={(1, number): clone_theirs.fileno()})
+            say(f"grafted in {ms:.1f} ms; the source's descriptor {number} (a socket to us) given the clone as our "
+                f"descriptor {clone_theirs.fileno()}")
+            problems += oracle(source, clone, inherited=frozenset({(1, number)}))
+            source.freeze(False)
+            clone.freeze(False)
+            clone_theirs.close()
+            answers = [ask(clone_ours, b"two"), ask(ours, b"three")]
+            say(f"the clone answered {answers[0]!r} on its channel, the source {answers[1]!r} on its own")
+            if answers != [b"echo two", b"echo three"]:
+                problems.append(f"a channel answered out of turn: {answers}")
+            ours.setblocking(False)
+            clone_ours.setblocking(False)
+            for channel, who in ((ours, "source"), (clone_ours, "clone")):
+                with contextlib.suppress(BlockingIOError):
+                    if channel.recv(64):
+                        problems.append(f"the {who}'s channel had more than its answers")
+    return problems
+
+
 def sockets_report(box: Container) -> dict[str, int]:
     path = box.path("/tmp/sockets.out")
     words = path.read_text().split() if path.exists() else []
@@ -701,6 +762,14 @@ CALC_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+def calc_files() -> tuple[str, str]:
+    """The sheet Calc opens and its profile's settings, for a container's /tmp."""
+    sheet, settings = WORK / "sheet.csv", WORK / "registrymodifications.xcu"
+    sheet.write_text("item,count\napples,3\npears,5\n")
+    settings.write_text(CALC_SETTINGS)
+    return str(sheet), str(settings)
+
+
 def calc_saves(box: Container, word: str) -> str:
     """Type ``word`` into cell A1 of the box's Calc and save the sheet (keeping its CSV format); the sheet's text
     once it has ``word`` in it (else what it is after 120 s)."""
@@ -728,12 +797,9 @@ def workload_calc(args: argparse.Namespace) -> list[str]:
     from bunshin.envs.images.store import ImageStore
 
     image = ImageStore(Path(args.images) if args.images else None).require(recipe("desktop")).root
-    sheet, settings = WORK / "sheet.csv", WORK / "registrymodifications.xcu"
-    sheet.write_text("item,count\napples,3\npears,5\n")
-    settings.write_text(CALC_SETTINGS)
     problems: list[str] = []
     with containers() as made:
-        source = start("calc", ["/bin/sh", "-c", CALC_SCRIPT], files=(str(sheet), str(settings)), image=image)
+        source = start("calc", ["/bin/sh", "-c", CALC_SCRIPT], files=calc_files(), image=image)
         made.append(source)
         started = time.monotonic()
         while CALC_WINDOW not in windows(source) and time.monotonic() < started + 600:
@@ -1077,6 +1143,7 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": wo
                                                                     "shell": workload_shell,
                                                                     "sockets": workload_sockets,
                                                                     "webshop": workload_webshop,
+                                                                    "channel": workload_channel,
                                                                     "xdesktop": workload_xdesktop,
                                                                     "calc": workload_calc,
                                                                     "chromium": workload_chromium,

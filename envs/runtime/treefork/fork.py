@@ -25,9 +25,10 @@ class TreeForkBuild:
     """One run of the builder. ``grafted_ms`` and ``released_ms`` are the builder's own clock from its start."""
 
     def __init__(self, plan: TreePlan, builder: str | Path, timeout_s: float = 60.0, fault: str = "",
-                 fault_pid: int = 1):
+                 fault_pid: int = 1, pass_fds: tuple[int, ...] = ()):
         """``fault`` (``WHO:STEP``, tests only) kills the builder, the helper of clone pid ``fault_pid``, the
-        source or the engine (this process) at a named step (see ``builder.c``)."""
+        source or the engine (this process) at a named step (see ``builder.c``). ``pass_fds``: the descriptors
+        the plan's ``inherit`` objects name, passed to the builder at their numbers."""
         self.plan = plan
         self.timeout_s = timeout_s
         self.started = time.monotonic()
@@ -40,7 +41,7 @@ class TreeForkBuild:
         if fault:
             env.update(BUNSHIN_TREEFORK_FAULT=fault, BUNSHIN_TREEFORK_FAULT_PID=str(fault_pid))
         self.proc = subprocess.Popen([str(builder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._trace, start_new_session=True, env=env)
+                                     stderr=self._trace, start_new_session=True, env=env, pass_fds=pass_fds)
         self._buffer = b""
         try:
             assert self.proc.stdin is not None

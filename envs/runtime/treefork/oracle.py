@@ -291,8 +291,10 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
     return view
 
 
-def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, object]]) -> list[str]:
-    """Every difference between two descriptions, as a sentence (empty: the clone is faithful)."""
+def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, object]],
+            inherited: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
+    """Every difference between two descriptions, as a sentence (empty: the clone is faithful). ``inherited``
+    descriptors, (pid, number), are the caller's in the clone (``read_tree``'s ``inherit``): not compared."""
     out = []
     if sorted(source) != sorted(clone):
         return [f"processes differ: source {sorted(source)}, clone {sorted(clone)}"]
@@ -308,7 +310,7 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
         sf, cf = s["fds"], c["fds"]
         assert isinstance(sf, dict) and isinstance(cf, dict)
         for num in sorted(set(sf) | set(cf)):
-            if sf.get(num) != cf.get(num):
+            if sf.get(num) != cf.get(num) and (pid, num) not in inherited:
                 out.append(f"pid {pid} fd {num}: source {sf.get(num)!r}, clone {cf.get(num)!r}")
         roots = (str(s.get("root", "")), str(c.get("root", "")))
         sm, cm = _inside_roots(s["maps"], roots), _inside_roots(c["maps"], roots)

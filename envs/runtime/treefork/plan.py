@@ -64,7 +64,8 @@ class OpenFile(msgspec.Struct, frozen=True):
     A ``shm`` copy with ``count`` 1 is also how a deleted file (a "ghost") is made again: created at its path,
     filled, unlinked. ``sysv``: a SysV shared memory ``segment`` made again in the clone's IPC namespace with the
     same id, key, size, mode and owner, its resident pages copied from the source's mapping ``source_where``, and
-    removed again once the clone has it attached if the source's was.
+    removed again once the clone has it attached if the source's was. ``inherit``: the caller's descriptor
+    ``count`` (passed to the builder at that number), in place of the source's open file.
     """
 
     oid: int
@@ -190,6 +191,8 @@ def render(plan: TreePlan) -> str:
             g = f.segment
             out.append(f"obj {f.oid} sysv {g.shmid} {g.key} {g.mode} {g.size} {g.uid} {g.gid} {f.source_pid} "
                        f"{f.source_where}")
+        elif f.kind == "inherit":
+            out.append(f"obj {f.oid} inherit {f.count}")
         elif f.kind == "inotify":
             out.append(f"obj {f.oid} inotify")
             out += [f"inotify_watch {f.oid} {w.wd} {w.mask} {w.path}" for w in f.watches]

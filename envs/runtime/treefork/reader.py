@@ -18,6 +18,7 @@ import resource
 import socket
 import stat
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -451,8 +452,14 @@ def _rlimits(host_pid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
-def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
-    """The plan of a clone of the frozen tree whose root is ``init_host_pid`` (pid 1 of its pid namespace)."""
+def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int, int], int] | None = None) -> TreePlan:
+    """The plan of a clone of the frozen tree whose root is ``init_host_pid`` (pid 1 of its pid namespace).
+
+    ``inherit`` maps descriptors of the tree, (pid in the tree's namespace, number), to descriptors of the caller's
+    that the clone gets in their place (passed to the builder at the same numbers: ``TreeForkBuild``'s
+    ``pass_fds``), as CRIU's ``--inherit-fd`` does: a channel to the engine, say, which the clone must not share
+    with its source. Every descriptor of the same open file is the caller's one too; nothing of the source's file
+    is read or refused."""
     root = os.readlink(f"/proc/{init_host_pid}/root")
     reading = _Reading(root="" if root == "/" else root)
     init_status = status(init_host_pid)
@@ -494,7 +501,7 @@ def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
             groups=[int(g) for g in st["Groups"].split()], cwd=cwd, threads=threads, descriptors=[],
             remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"]))
     processes = _place_sessions(processes)
-    groups = _group_open_files(fds)
+    groups = _inherited_objects(reading, _group_open_files(fds), inherit or {})
     _pipe_objects(reading, groups)
     _socket_objects(reading, groups, init_host_pid)
     for group in groups:
@@ -515,6 +522,30 @@ def read_tree(init_host_pid: int, hostname: str = "") -> TreePlan:
     _check_ipc(reading, init_host_pid)
     return TreePlan(processes=processes, files=reading.files, watches=reading.watches,
                     hostname=hostname or _hostname(init_host_pid))
+
+
+def _inherited_objects(reading: _Reading, groups: list[list[_Fd]], inherit: Mapping[tuple[int, int], int]) -> \
+        list[list[_Fd]]:
+    """The open files the caller gives the clone in place of the source's (``inherit``), each an ``inherit``
+    object; the other groups, left to read."""
+    if not inherit:
+        return groups
+    named = {(fd.pid, fd.num) for group in groups for fd in group}
+    unknown = sorted(set(inherit) - named)
+    if unknown:
+        raise ValueError(f"inherit names descriptors the tree does not have: {unknown}")
+    rest = []
+    for group in groups:
+        slots = {inherit[fd.pid, fd.num] for fd in group if (fd.pid, fd.num) in inherit}
+        if not slots:
+            rest.append(group)
+            continue
+        if len(slots) > 1:
+            raise ValueError(f"inherit gives one open file two descriptors ({sorted(slots)}): {group[0].culprit}")
+        oid = reading.add(kind="inherit", count=slots.pop())
+        for fd in group:
+            fd.oid = oid
+    return rest
 
 
 def _hostname(host_pid: int) -> str:
