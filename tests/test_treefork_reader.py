@@ -159,6 +159,11 @@ REFUSALS = {
         f"{SHM}; c.shmget(4242, 65536, 0o1600)", "IPC namespace", "no process of the tree maps"),
     "a SysV semaphore set in the tree's own IPC namespace": (
         f"{SHM}; c.semget(4243, 1, 0o1600)", "IPC namespace", "semaphore sets"),
+    "a process in an IPC namespace of its own": (
+        f"{SHM}\nr, w = os.pipe()\nif os.fork() == 0:\n    c.unshare(0x08000000); os.write(w, b'x')\n"
+        "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 2",
+        "an IPC namespace other than the tree's"),
     "a memfd mapped privately, written": (
         "import mmap; f = os.memfd_create('m'); os.ftruncate(f, 4096); "
         "m = mmap.mmap(f, 4096, flags=mmap.MAP_PRIVATE); m[0] = 1", "mapping", "holding pages of its own"),
