@@ -140,6 +140,8 @@ struct proc {
 	pid_t maker;			/* the placeholder that makes it (with CLONE_PARENT), or 0: its parent */
 	int exit_code;
 	char *comm;			/* a zombie's name (a grafted process takes its source's) */
+	char *cgroup_rel;		/* its cgroup below the clone's (NULL: the clone's own) */
+	int cgroup_fd;			/* that cgroup's cgroup.procs, when some process is below (else -1) */
 	int exit_signal;
 	uid_t uid;
 	gid_t gid;
@@ -487,6 +489,7 @@ static void parse_line(char *line)
 			die("plan: bad proc: %s", line);
 		p->pidfd = -1;
 		p->session = -1;
+		p->cgroup_fd = -1;
 	} else if (!strncmp(line, "groups ", 7)) {
 		sscanf(line, "groups %d", &pid);
 		p = proc_of(pid);
@@ -502,6 +505,10 @@ static void parse_line(char *line)
 		p->zombie = 1;
 		p->exit_code = a;
 		p->comm = rest(line, 3);
+	} else if (!strncmp(line, "cgroup_of ", 10)) {
+		if (sscanf(line, "cgroup_of %d", &pid) != 1)
+			die("plan: bad cgroup_of: %s", line);
+		proc_of(pid)->cgroup_rel = rest(line, 2);
 	} else if (!strncmp(line, "placeholder ", 12)) {
 		if (sscanf(line, "placeholder %d", &pid) != 1)
 			die("plan: bad placeholder: %s", line);
@@ -1025,10 +1032,12 @@ static void enter_clone_world(void)
 }
 
 static int cgroup_procs = -1;	/* the clone's cgroup.procs, which its pid 1 joins */
+static int builder_pidfd = -1;	/* ours, for the clone's pid 1 to see that we died before it could die with us */
 
 static void open_cgroup(void)
 {
 	char path[4096];
+	int i, below = 0;
 
 	if (!cgroup_dir || !strcmp(cgroup_dir, "-"))
 		return;
@@ -1036,6 +1045,18 @@ static void open_cgroup(void)
 	cgroup_procs = open(path, O_WRONLY | O_CLOEXEC);
 	if (cgroup_procs < 0)
 		die("opening %s", path);
+	for (i = 0; i < nprocs && !below; i++)
+		below = procs[i].cgroup_rel != NULL;
+	/* with a process below the clone's cgroup, each joins its own (a child is born in its parent's) */
+	for (i = 0; i < nprocs && below; i++) {
+		if (procs[i].cgroup_rel)
+			snprintf(path, sizeof(path), "%s/%s/cgroup.procs", cgroup_dir, procs[i].cgroup_rel);
+		else
+			snprintf(path, sizeof(path), "%s/cgroup.procs", cgroup_dir);
+		procs[i].cgroup_fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (procs[i].cgroup_fd < 0)
+			die("opening %s", path);
+	}
 }
 
 /* ---- helpers: one per process of the clone ---- */
@@ -1176,14 +1197,21 @@ static void helper(struct proc *p)
 
 	if (p->pid == 1) {
 		/* the builder's death (an orchestrator killed) takes the clone with it, wherever it is */
+		struct pollfd builder = { .fd = builder_pidfd, .events = POLLIN };
+
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL))
 			helper_fail(p, "PR_SET_PDEATHSIG");
+		/* dead already (killed before the line above): nobody would ever release or kill us */
+		if (poll(&builder, 1, 0) != 0)
+			_exit(128 + SIGKILL);
 		/* the clone's cgroup, before any child: they are born in it (the builder stays out) */
 		if (cgroup_procs >= 0 && (write(cgroup_procs, "0\n", 2) != 2 || close(cgroup_procs)))
 			helper_fail(p, "joining the clone's cgroup");
 		if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
 			helper_fail(p, "mounting /proc");
 	}
+	if (p->cgroup_fd >= 0 && write(p->cgroup_fd, "0\n", 2) != 2)
+		helper_fail(p, "joining its cgroup below the clone's");
 	/* a session or group numbered 0 is led from outside the pid namespace: the builder's, inherited */
 	if (p->sid == p->pid) {
 		if (setsid() < 0)
@@ -1367,6 +1395,7 @@ static void move_high(void)
 	for (i = 0; i < nprocs; i++) {
 		procs[i].pidfd = high(procs[i].pidfd);
 		procs[i].session = high(procs[i].session);
+		procs[i].cgroup_fd = high(procs[i].cgroup_fd);
 		for (j = 0; j < procs[i].nremaps; j++)
 			procs[i].remaps[j].from = high(procs[i].remaps[j].from);
 	}
@@ -1484,6 +1513,9 @@ int main(void)
 	}
 	cgroup_procs = high(cgroup_procs);
 	trace_fd = high(dup(2));
+	builder_pidfd = high(syscall(SYS_pidfd_open, getpid(), 0));
+	if (builder_pidfd < 0)
+		die("pidfd_open of the builder");
 	/* helpers run with every signal blocked (the graft sets the source's mask) */
 	sigfillset(&all);
 	sigprocmask(SIG_BLOCK, &all, NULL);

@@ -212,6 +212,8 @@ def fork(source: Container, name: str, builder: str, made: list[Container], faul
     snapshot = time.monotonic()
     plan = read_tree(source.init, hostname=source.name, inherit=inherit)
     plan.root, plan.cgroup = str(root), str(cgroup)
+    for below in plan.cgroups:  # the source's cgroups below its own, the clone's below its own
+        (cgroup / below).mkdir(parents=True, exist_ok=True)
     engine_step("read")
     read = time.monotonic()
     clone.build = TreeForkBuild(plan, builder, fault=fault, fault_pid=fault_pid,
@@ -289,7 +291,10 @@ def end(box: Container) -> None:
         box.launcher.wait()
     deadline = time.monotonic() + 10
     while box.cgroup.exists():
-        try:
+        try:  # the cgroups below it first
+            for below in sorted(box.cgroup.rglob("*/"), key=lambda d: -len(d.parts)):
+                if below.is_dir() and (below / "cgroup.procs").exists():
+                    below.rmdir()
             box.cgroup.rmdir()
         except OSError:
             if time.monotonic() > deadline:
@@ -449,8 +454,17 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
         source = start("shell", ["/bin/sh", "-c", SHELL_SCRIPT])
         made.append(source)
         time.sleep(1.5)
+        job = int(source.path("/tmp/job").read_text())
+        job_host = next(p for p in _tree(source.init) if _ns_pid(p) == job)
+        (source.cgroup / "jobs").mkdir()  # the background job in a cgroup below the shell's, as an agent's is
+        (source.cgroup / "jobs" / "cgroup.procs").write_text(str(job_host))
         source.freeze(True)
         clone, ms = fork(source, "shell-1", args.builder, made)
+        clone_job = [p for p in _tree(clone.init) if _ns_pid(p) == job]
+        where = Path(f"/proc/{clone_job[0]}/cgroup").read_text().strip() if clone_job else "(no job)"
+        say(f"the clone's job (pid {job}) is in {where}")
+        if not where.endswith(f"/{clone.cgroup.name}/jobs"):
+            problems.append(f"the clone's job is not in its cgroup 'jobs' below the clone's: {where}")
         say(f"grafted in {ms:.1f} ms, {len(clone.build.plan.processes) if clone.build else 0} processes")
         problems += oracle(source, clone)
         source.freeze(False)

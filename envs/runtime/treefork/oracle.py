@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .inotify import inotify_watches
-from .procfs import MAPS, inside, last, status, walk
+from .procfs import MAPS, cgroup_below, inside, last, status, walk
 from .reader import STATELESS_DEVICES
 from .sockets import NetlinkSocket, UnixSocket, netlink_sockets, unix_sockets
 from .sysv import read_ipc
@@ -283,7 +283,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
             "sigblk": st["SigBlk"], "mask_call": _mask_call(host_pid), "sigign": st["SigIgn"], "sigcgt": st["SigCgt"],
             "threads": threads, "cwd": inside(os.readlink(f"/proc/{host_pid}/cwd"), root, f"pid {pid}"),
             "fds": fds, "maps": _maps(host_pid), "root": root, "memory": _memory_hashes(host_pid),
-            "mounts": _mounts(host_pid, root),
+            "mounts": _mounts(host_pid, root), "cgroup": cgroup_below(host_pid, init_host_pid, f"pid {pid}"),
         }
     ipc = read_ipc(init_host_pid)
     if not ipc.ours:  # the tree's own SysV objects: the same ids, keys, modes, sizes, owners and attach counts

@@ -135,6 +135,7 @@ class ProcessPlan(msgspec.Struct):
     # source), exits and is reaped by its parent's helper before the graft; nothing of it is left in the clone
     placeholder: bool = False
     maker: int = 0  # the placeholder that makes this process (0: its parent does)
+    cgroup: str = ""  # its cgroup (v2) below the tree's pid 1's, "" for that one: the clone's is the same below its own
 
 
 class TreePlan(msgspec.Struct):
@@ -145,6 +146,11 @@ class TreePlan(msgspec.Struct):
     root: str = ""  # the clone's root directory, as the builder sees it
     cgroup: str = "-"
     hold: bool = True
+
+    @property
+    def cgroups(self) -> list[str]:
+        """The cgroups below the clone's own that its processes join, parents first (the caller makes them)."""
+        return sorted({p.cgroup for p in self.processes if p.cgroup}, key=lambda c: (c.count("/"), c))
 
     @property
     def close_from(self) -> int:
@@ -210,6 +216,8 @@ def render(plan: TreePlan) -> str:
             out.append(f"placeholder {p.pid}")
         if p.maker:
             out.append(f"maker {p.pid} {p.maker}")
+        if p.cgroup:
+            out.append(f"cgroup_of {p.pid} {p.cgroup}")
     for p in plan.processes:
         out.append(f"cwd {p.pid} {p.cwd}")
         out += [f"thread {p.pid} {tid}" for tid in p.threads]

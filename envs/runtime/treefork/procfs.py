@@ -46,6 +46,25 @@ def children(host_pid: int) -> list[int]:
     return out
 
 
+def unified_cgroup(host_pid: int) -> str | None:
+    """The process's cgroup in the unified (v2) hierarchy, or None (cgroup v1 only)."""
+    for line in Path(f"/proc/{host_pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return None
+
+
+def cgroup_below(host_pid: int, init_host_pid: int, culprit: str) -> str:
+    """The process's cgroup relative to the tree's pid 1's ("" for that one), in the unified hierarchy ("" without
+    one); a cgroup outside the pid 1's is refused."""
+    own, top = unified_cgroup(host_pid), unified_cgroup(init_host_pid)
+    if own is None or top is None or own == top:
+        return ""
+    if top == "/" or own.startswith(top.rstrip("/") + "/"):
+        return own[len(top.rstrip("/")) + 1:]
+    raise TreeForkRefused(culprit, f"in cgroup {own}, outside the tree's {top}")
+
+
 def walk(init: int) -> Iterator[int]:
     """The tree's processes, parents first."""
     queue = [init]

@@ -27,7 +27,7 @@ from ..syscalls import same_open_file
 from .errors import TreeForkRefused
 from .inotify import inotify_watches, queued_bytes
 from .plan import SOCKET_PASSCRED, Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
-from .procfs import MAPS, inside, last, status, walk
+from .procfs import MAPS, cgroup_below, inside, last, status, walk
 from .sockets import ESTABLISHED, LISTEN, NetlinkSocket, netlink_sockets, unix_sockets
 from .sysv import Ipc, read_ipc
 
@@ -493,13 +493,14 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
                 threads.append(last(status(host_pid, tid)["NSpid"]))
         ppid = int(st["PPid"])
         cwd = inside(os.readlink(f"/proc/{host_pid}/cwd"), reading.root, culprit)
+        cgroup = cgroup_below(host_pid, init_host_pid, culprit)
         own = _read_fds(host_pid, pid)
         fds += own
         processes.append(ProcessPlan(
             pid=pid, host_pid=host_pid, ppid=ns_of.get(ppid, 0), sid=last(st["NSsid"]),
             pgid=last(st["NSpgid"]), exit_signal=int(stat_fields[35]), uid=int(uids[0]), gid=int(gids[0]),
             groups=[int(g) for g in st["Groups"].split()], cwd=cwd, threads=threads, descriptors=[],
-            remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"]))
+            remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"], cgroup=cgroup))
     processes = _place_sessions(processes)
     groups = _inherited_objects(reading, _group_open_files(fds), inherit or {})
     _pipe_objects(reading, groups)
