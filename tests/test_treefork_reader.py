@@ -159,6 +159,17 @@ REFUSALS = {
         f"{SHM}; c.shmget(4242, 65536, 0o1600)", "IPC namespace", "no process of the tree maps"),
     "a SysV semaphore set in the tree's own IPC namespace": (
         f"{SHM}; c.semget(4243, 1, 0o1600)", "IPC namespace", "semaphore sets"),
+    "a process in a network namespace of its own": (
+        f"{SHM}\nr, w = os.pipe()\nif os.fork() == 0:\n    c.unshare(0x40000000); os.write(w, b'x')\n"
+        "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 2",
+        "a net namespace other than the tree's"),
+    "a process in a pid namespace nested below the tree's": (
+        f"{SHM}\nr, w = os.pipe()\nif os.fork() == 0:\n    c.unshare(0x20000000)\n    if os.fork() == 0:\n"
+        "        os.write(w, b'x'); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "        while True: time.sleep(1)\n    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n"
+        "    os.close(r); os.close(w)\n    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)",
+        "pid 1", "a pid namespace other than the tree's"),
     "a process in an IPC namespace of its own": (
         f"{SHM}\nr, w = os.pipe()\nif os.fork() == 0:\n    c.unshare(0x08000000); os.write(w, b'x')\n"
         "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"

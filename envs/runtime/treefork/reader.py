@@ -517,12 +517,23 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
                                                           cloexec=bool(fd.flags & os.O_CLOEXEC)))
     for p in processes:
         if not p.zombie and not p.placeholder:
-            if os.stat(f"/proc/{p.host_pid}/ns/ipc").st_ino != os.stat(f"/proc/{init_host_pid}/ns/ipc").st_ino:
-                raise TreeForkRefused(f"pid {p.pid} ({p.comm})", "an IPC namespace other than the tree's")
+            _check_namespaces(p, init_host_pid)
             p.remaps = _remaps(reading, p.host_pid, p.pid)
     _check_ipc(reading, init_host_pid)
     return TreePlan(processes=processes, files=reading.files, watches=reading.watches,
                     hostname=hostname or _hostname(init_host_pid))
+
+
+NAMESPACES = ("pid", "mnt", "net", "uts", "ipc", "user", "cgroup")
+
+
+def _check_namespaces(p: ProcessPlan, init_host_pid: int) -> None:
+    """Every process of the tree in the tree's namespaces: the clone's are one of each (a pid namespace nested
+    below the tree's, an agent's or a sandboxed renderer's, is not reproduced yet)."""
+    for kind in NAMESPACES:
+        if os.stat(f"/proc/{p.host_pid}/ns/{kind}").st_ino != os.stat(f"/proc/{init_host_pid}/ns/{kind}").st_ino:
+            what = "an IPC" if kind == "ipc" else f"a {kind}"
+            raise TreeForkRefused(f"pid {p.pid} ({p.comm})", f"{what} namespace other than the tree's")
 
 
 def _inherited_objects(reading: _Reading, groups: list[list[_Fd]], inherit: Mapping[tuple[int, int], int]) -> \
