@@ -137,7 +137,8 @@ def command(args) -> int:
 def add_arguments(parser) -> None:
     parser.add_argument("--workloads", default="chromium,xdesktop",
                         help="comma-separated: chromium (headless Chromium on the web shop's page), xdesktop (Xvfb, "
-                             "openbox and an X client); default both")
+                             "openbox and an X client), calc (LibreOffice Calc with a sheet, on Xvfb and openbox); "
+                             "default chromium,xdesktop")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, of kmod, criu, cold")
     parser.add_argument("--clones", default="1,4,16", help="the Ns at which memory is read (default 1,4,16)")
     parser.add_argument("--memory", type=int, default=12288, help="the guest's MiB (default 12288: 16 restores of "
