@@ -16,6 +16,7 @@ check held.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -322,7 +323,10 @@ def oracle(source: Container, clone: Container, pages_per_mapping: int = 4,
     """The oracle's differences (but in the ``inherited`` descriptors, the clone's from us) and the divergence's
     failures (``pages_per_mapping`` private pages written into each mapping of each side)."""
     started = time.monotonic()
-    problems = compare(describe(source.init), describe(clone.init), inherited)
+    # both sides at once: reading and hashing their memory is most of it, and the guest has two CPUs
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sides = list(pool.map(describe, (source.init, clone.init)))
+    problems = compare(*sides, inherited)
     hosts = [{_ns_pid(p): p for p in _tree(box.init)} for box in (source, clone)]
     for n, problem in enumerate(problems):  # what a memory difference is, to say why
         words = problem.split()
