@@ -811,6 +811,19 @@ void counts_read(struct counts *c)
 	c->states = file_long("/sys/kernel/debug/bunshin/stats", "states");
 }
 
+bool counts_settle(const struct counts *start, struct counts *end, long filp_slack)
+{
+	int i;
+
+	for (i = 0; i < 32; i++) {
+		counts_read(end);
+		if (end->mm - start->mm <= 4 && end->filp - start->filp <= filp_slack && !end->sessions &&
+		    !end->states)
+			return true;
+	}
+	return false;
+}
+
 uint64_t now_ns(void)
 {
 	struct timespec ts;

@@ -117,6 +117,12 @@ struct counts {
 	long mm, vma, task, filp, sessions, states;
 };
 void counts_read(struct counts *c);
+/*
+ * Read the counters into @end until nothing is left over since @start (at most
+ * 4 mm_structs and @filp_slack files more, no module session or state: freed
+ * objects go a little late), up to 32 times; whether it got there.
+ */
+bool counts_settle(const struct counts *start, struct counts *end, long filp_slack);
 
 uint64_t now_ns(void);
 
