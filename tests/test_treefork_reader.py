@@ -460,3 +460,11 @@ def test_an_inotify_watch_on_a_file_system_without_file_handles_is_found_by_its_
     monkeypatch.setattr(inotify, "_FOUND", {})
     with pytest.raises(TreeForkRefused, match=r"watch \d names a file no mount of the tree reaches"):
         read_tree(t.init, hostname="box")
+
+
+def test_rlimits_read_from_proc_equal_prlimits() -> None:
+    """Another user's process without CAP_SYS_RESOURCE here: its limits come from /proc/PID/limits, the same."""
+    from bunshin.envs.runtime.treefork.reader import _rlimits, _rlimits_from_proc
+
+    assert _rlimits_from_proc(os.getpid()) == _rlimits(os.getpid())
+    assert len(_rlimits_from_proc(os.getpid())) == 16

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from ..app import ToolError
 from ..records import Observation
 from . import image, rootfs, syscalls
-from .cgroups import AGENT_GROUP, freeze_by_fds, join_by_fds
+from .cgroups import AGENT_GROUP, freeze_by_fds, join_by_fds, kill_by_fds
 
 MAX_OUTPUT = 64 << 10
 AGENT_ENV = {
@@ -44,7 +44,10 @@ class Agents:
     keep (asked at every command: the set changes as workers come and clones re-open)."""
 
     def __init__(self, cgroup_fds: list[int], cgroup_rel: str, own_pidns_fd: int,
-                 private_fds: Callable[[], list[int]]):
+                 private_fds: Callable[[], list[int]], namespace: bool = True):
+        """``namespace=False`` (a tree-fork host, pid 1 of its own namespace): commands run in the host's PID
+        namespace, the host reaps their orphans (``reap_orphans``) and kills them through their cgroup."""
+        self.namespace = namespace
         self.cgroup_fds = cgroup_fds
         self.group = f"{cgroup_rel}/{AGENT_GROUP}"
         self.own_pidns_fd = own_pidns_fd  # the hosts' PID namespace, to come back to after spawning
@@ -56,8 +59,10 @@ class Agents:
     def run(self, cmd: str, timeout_s: float) -> Observation:
         """Run ``cmd`` with /bin/sh as the agent user in the workspace's PID namespace. A command still running
         after ``timeout_s`` is killed, and every agent process with it."""
-        pidns_fd = self._ensure_namespace()
-        syscalls.setns(pidns_fd, syscalls.CLONE_NEWPID)
+        if self.namespace:
+            syscalls.setns(self._ensure_namespace(), syscalls.CLONE_NEWPID)
+        else:
+            self.init_pid = 0  # no init: ``running`` says commands ran
         try:
             private = self.private_fds()
             proc = subprocess.Popen(
@@ -66,7 +71,8 @@ class Agents:
                 preexec_fn=lambda: _preexec(self.cgroup_fds, self.group, private),
             )
         finally:
-            syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
+            if self.namespace:
+                syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
         out, timed_out = _read_bounded(proc, timeout_s)
         if timed_out:
             self.kill_all()  # a timed-out command takes the whole agent namespace with it (its background jobs too)
@@ -106,6 +112,10 @@ class Agents:
         self.close_namespace_fd()
         if init is None:
             return
+        if not self.namespace:
+            kill_by_fds(self.cgroup_fds, self.group)
+            self.reap_orphans(keep=())
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(init, signal.SIGKILL)
         while True:
@@ -114,6 +124,19 @@ class Agents:
                     return
             except ChildProcessError:
                 return
+
+    @staticmethod
+    def reap_orphans(keep: tuple[int, ...]) -> None:
+        """Without an agent namespace, the host is pid 1: reap every exited child of ours that is not one of
+        ``keep`` (workers, whose exit their own owner notices), background jobs orphaned onto us above all."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in keep:
+                return
+            os.waitpid(info.si_pid, 0)
 
     def close_namespace_fd(self) -> None:
         if self.pidns_fd is not None:

@@ -104,6 +104,9 @@ class AppProcesses:
         mounted empty and owned by the agent in the process's mount namespace (created if missing);
         ``merge_memory``: KSM may merge its pages (``PR_SET_MEMORY_MERGE``, inherited by what it starts).
         Its output goes to an anonymous file of the host's (``AppProcess.log_tail``), never to an observation."""
+        if self.own_pidns_fd < 0:  # a tree-fork host: the tree fork reads one PID and one mount namespace
+            raise ToolError(f"{name}: the kmod backend does not run application processes yet (each would be in "
+                            "PID and mount namespaces of its own, which the tree fork refuses)")
         if not argv or not os.path.isabs(argv[0]):
             raise ToolError(f"an application process needs an absolute program path, got {argv[:1]!r}")
         given = dict(fds or {})

@@ -150,6 +150,12 @@ class Cgroup:
                     self._set_frozen(sub, False)
         self._set_frozen(self.path("freezer") if self.layout.version == 1 else self.path("memory"), frozen)
 
+    def is_frozen(self) -> bool:
+        """Whether every task of the group is frozen now (v2 ``frozen 1`` in cgroup.events, v1 ``FROZEN``)."""
+        if self.layout.version == 2:
+            return "frozen 1" in (self.path("memory") / "cgroup.events").read_text().splitlines()
+        return (self.path("freezer") / "freezer.state").read_text().strip() == "FROZEN"
+
     def _set_frozen(self, group: Path, frozen: bool) -> None:
         target = group / ("cgroup.freeze" if self.layout.version == 2 else "freezer.state")
         # the group gone (removed, or never had a freezer file): nothing to freeze or thaw
@@ -302,3 +308,38 @@ def join_by_fds(hierarchy_fds: list[int], rel: str) -> None:
             os.write(procs, b"0")  # "0" is the writing process itself
         finally:
             os.close(procs)
+
+
+def kill_by_fds(hierarchy_fds: list[int], rel: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process of group ``rel`` (below the first hierarchy that has it), from inside a workspace,
+    until none is left (one that forks meanwhile is caught on the next pass), thawing it if it was frozen (a frozen
+    v1 task dies only once thawed), and reaping those that are the caller's children (a zombie stays listed).
+    Raises TimeoutError if processes remain after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for fd in hierarchy_fds:
+        try:
+            pids = _procs_by_fd(fd, rel)
+        except FileNotFoundError:
+            continue
+        while pids:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            freeze_by_fds([fd], rel, False)
+            time.sleep(0.001)
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cgroup {rel}: {len(pids)} processes left after {timeout:g}s")
+            pids = _procs_by_fd(fd, rel)
+        return
+
+
+def _procs_by_fd(dir_fd: int, rel: str) -> list[int]:
+    """The pids in ``rel/cgroup.procs`` below ``dir_fd``, read afresh (v1 keeps one list per open file)."""
+    procs = os.open(f"{rel}/cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return [int(x) for x in os.read(procs, 1 << 20).split()]
+    finally:
+        os.close(procs)

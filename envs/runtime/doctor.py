@@ -16,6 +16,8 @@ from pathlib import Path
 
 from . import kmod_probe, ksm
 from .cgroups import CgroupLayout, CgroupUnavailable
+from .fork.kmod import builder_path
+from .fork.kmod import unavailable as kmod_unavailable
 
 
 @dataclass
@@ -102,6 +104,10 @@ def _chromium() -> Check:
                  f"({built.path.name})")
 
 
+def _cgroup_v2(report: Report) -> bool:
+    return any(c.name == "cgroups" and c.ok and c.detail.startswith("v2") for c in report.checks)
+
+
 def diagnose() -> Report:
     report = Report()
     add = report.checks.append
@@ -141,6 +147,12 @@ def diagnose() -> Report:
     verdict = (not missing, "ready" if not missing else "missing: " + ", ".join(missing))
     report.backends["cow"] = verdict
     report.backends["restore"] = verdict
+    # the tree fork: the module loaded here (/dev/bunshin), its builder, one cgroup hierarchy (v2)
+    tree = [why for why in (kmod_unavailable(), None if _cgroup_v2(report) else "needs cgroup v2") if why]
+    add(Check("tree fork (kmod)", verdict[0] and not tree,
+              "; ".join(tree) if tree else "module loaded, builder at " + str(builder_path())))
+    report.backends["kmod"] = (verdict[0] and not tree, "ready" if verdict[0] and not tree
+                               else "; ".join(([verdict[1]] if not verdict[0] else []) + tree))
     # What neither backend can carry (a browser's processes: threads, a GPU process, sockets to its children) is
     # forked by replay, whichever backend runs: the clone starts its own and is brought to the source's state
     browser = verdict[0] and report.ok("chromium")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import math
 import os
 import random
@@ -39,6 +40,10 @@ from .channel import ChannelClosed, recv_frame, send_frame
 from .fork import checkpoint, clone, source
 from .fork.state import ForkState, InjectedFault
 from .protocol import (
+    TREE_CGROUP_FD,
+    TREE_CHANNEL_FD,
+    TREE_POOL_FD,
+    Become,
     Checkpoint,
     Close,
     Closed,
@@ -67,13 +72,16 @@ class Host:
     checkpoint and restore steps share with it is ``self.state`` (``fork/state.py``)."""
 
     def __init__(self, sock: socket.socket, pool_fd: int, cgroup_fds: list[int], config: HostConfig):
+        self.engine_pid = int(os.readlink("/proc/self"))  # as the engine sees it (pid 1 in a tree-fork host's own)
         self.pool_path_fd = pool_fd  # O_PATH, keeps the detached pool mount alive
-        self.own_pidns_fd = namespaces.open_ns("pid")  # the engine's PID namespace, shared by every host
+        # the engine's PID namespace, shared by every host (a tree-fork host's own is for it and its agents only)
+        self.own_pidns_fd = -1 if config.tree else namespaces.open_ns("pid")
         app_cls = workers.load(config.app.target)
         if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.state_version = 0
-        agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds)
+        agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds,
+                        namespace=not config.tree)
         apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds)
         self.state = ForkState(
             ws_id=config.ws_id, frozen=False, sock=sock,
@@ -98,21 +106,31 @@ class Host:
         except PermissionError:
             pass
         namespaces.enter_new_workspace_namespaces(cfg.hostname)
-        os.fchdir(state.pool_fd)
+        if cfg.pool_path:  # the pool's mount in our namespace (a detached one is no overlay layer before 6.15)
+            os.chdir(cfg.pool_path)
+        else:
+            os.fchdir(state.pool_fd)
         state.layer_fd = os.open(cfg.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
         rootfs.assemble_and_pivot(target=cfg.mount_target, lower=cfg.lower, layer=cfg.layer, frozen=False,
                                   image_binds=cfg.image_binds, runtime_binds=cfg.runtime_binds)
+        if cfg.tree:  # pid 1 of its own namespace: its /proc, and nothing of the pool kept (its clone has none)
+            rootfs.mount_proc()
+            for fd in (state.pool_fd, self.pool_path_fd, state.layer_fd):
+                os.close(fd)
+            state.pool_fd = self.pool_path_fd = state.layer_fd = -1
         namespaces.loopback_up()
         if cfg.restore_from is not None:
             checkpoint.restore_app(state, cfg.restore_from, cfg.restore_workers)
         else:
             state.app.setup(state.ctx)
         state.fault("start.after_setup")
-        state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - start))
+        state.reply(Ready(ws_id=state.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - start))
 
     # -- serving ----------------------------------------------------------------------------------------------
     def serve(self) -> None:
         while True:
+            if self.state.config.tree:  # pid 1: orphaned background jobs are ours to reap
+                self.state.agents.reap_orphans(keep=tuple(w.pid for w in self.state.workers))
             try:
                 body, fds = recv_frame(self.state.sock)
             except ChannelClosed:
@@ -159,7 +177,24 @@ class Host:
             case Close():
                 self.shutdown()
                 return Closed()
+            case Become():
+                return self.become(request)
         return Failed(kind="bad_request", message=f"unhandled request {type(request).__name__}")
+    def become(self, request: Become) -> Reply:
+        """A tree-fork clone (``fork/kmod.py``), told on its own channel which workspace it now is: the rest of its
+        state is its source's, as it was when the source froze."""
+        state = self.state
+        if not state.config.tree:
+            return Failed(kind="bad_request", message="only a tree-fork clone becomes another workspace")
+        started = time.monotonic()
+        state.ws_id = state.ctx.ws_id = request.ws_id
+        state.config = msgspec.structs.replace(state.config, ws_id=request.ws_id, layer=request.layer,
+                                               cgroup_rel=request.cgroup_rel, seed=request.seed)
+        state.agents.become_clones(request.cgroup_rel)
+        state.ctx.reseed(request.seed)
+        self.state_version = 0
+        return Ready(ws_id=request.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - started)
+
     # -- tools ------------------------------------------------------------------------------------------------
     def execute(self, name: str, args: dict[str, Any], timeout_s: float) -> Observation:
         started = time.monotonic()
@@ -234,6 +269,29 @@ class Host:
         state.apps.kill_all()  # after the app's close: it may say goodbye to its programs first
 
 
+def _parent_is(pid: int) -> bool:
+    """Whether our parent is ``pid``, read in the engine's /proc (still ours before the root changes)."""
+    me = os.readlink("/proc/self")
+    with open(f"/proc/{me}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1]) == pid
+
+
+def _tree_numbers(sock: socket.socket, pool: int, cgroups: list[int]) -> tuple[socket.socket, int, list[int]]:
+    """A tree-fork host's descriptors from the engine at fixed numbers (the engine hands its clones theirs at the
+    same ones): the channel, the pool, the cgroup hierarchies."""
+    given = [sock.detach(), pool, *cgroups]
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in given]
+    for fd in given:
+        os.close(fd)
+    wanted = [TREE_CHANNEL_FD, TREE_POOL_FD, *range(TREE_CGROUP_FD, TREE_CGROUP_FD + len(cgroups))]
+    for fd, number in zip(moved, wanted, strict=True):
+        os.dup2(fd, number)
+        os.close(fd)
+    channel = socket.socket(fileno=TREE_CHANNEL_FD)
+    channel.setblocking(True)
+    return channel, TREE_POOL_FD, wanted[2:]
+
+
 def _descriptors(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -262,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     sock.setblocking(True)
     body, _ = recv_frame(sock)
     config = config_decoder.decode(body)
-    if os.getppid() != config.reaper_pid:
+    if config.tree:  # pid 1 of its own namespace: its parent is outside it (getppid() says 0)
+        if not _parent_is(config.reaper_pid):
+            return 73
+        sock, args.pool, args.cgroups = _tree_numbers(sock, args.pool, args.cgroups)
+    elif os.getppid() != config.reaper_pid:
         return 73
     try:
         host = Host(sock, args.pool, args.cgroups, config)

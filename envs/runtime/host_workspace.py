@@ -11,9 +11,11 @@ Must never: block the event loop on the host, or leave a workspace half-closed w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
 from typing import Protocol, TypeVar
 
 import msgspec
@@ -73,6 +75,7 @@ class HostWorkspace(Workspace):
         self._inflight: asyncio.Task[bytes] | None = None
         # warm-pool slots this clone took over (their cgroup is its cgroup): removed with it
         self.companions: list[HostWorkspace] = []
+        self.says_goodbye = True  # its host answers Close (a tree-fork snapshot, frozen for good, does not)
 
     def __repr__(self) -> str:
         kind = "Snapshot" if self.frozen else "Workspace"
@@ -113,6 +116,20 @@ class HostWorkspace(Workspace):
         if isinstance(reply, Failed):
             raise RequestRefused(self.id, reply.kind, reply.message)
         return reply
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """No request in flight while inside (a reply left by a cancelled caller collected first): the channel is
+        quiet, the host waits in its ``recv`` (the tree fork reads it frozen there)."""
+        if self._closing is not None:
+            raise WorkspaceClosed(self.id, "used after close()")
+        async with self._lock:
+            try:
+                await self._collect_orphan()
+            except ChannelClosed as exc:
+                self.broken = await self._death_reason()
+                raise WorkspaceBroken(self.id, self.broken) from exc
+            yield
 
     def expect(self, reply: Reply, kind: type[R]) -> R:
         """``reply``, if it is a ``kind``. A reply of the wrong kind means the host and the engine disagree about the
@@ -256,7 +273,7 @@ class HostWorkspace(Workspace):
     async def _teardown(self) -> None:
         try:
             await await_points.reached("workspace.close")
-            if not self.broken:
+            if not self.broken and self.says_goodbye:
                 try:
                     async with asyncio.timeout(CLOSE_GRACE_S):
                         async with self._lock:

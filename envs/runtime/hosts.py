@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StartTimeout, WorkspaceStartFailed
+from ..errors import ImageFailed, StartTimeout, WorkspaceStartFailed
 from ..records import AppSpec, Limits
 from ..seeds import derive_seed
 from . import await_points
@@ -145,6 +145,7 @@ class Hosts:
             # KSM for what the fork cannot share: under a live fork the host's pages are its clones' already (the
             # app opts in its own programs, a browser); under a private restore nothing is shared, all may merge
             merge_memory=app.merge_memory and not self.backend.shares_memory,
+            tree=self.backend.tree_hosts, pool_path=str(run.layers.root) if self.backend.tree_hosts else "",
         )
         pid: int | None = None
         try:
@@ -154,7 +155,8 @@ class Hosts:
                  "--cgroups", ",".join(f"{{{i + 2}}}" for i in range(len(run.cgroup_fds)))],
                 fds=[host_end.fileno(), run.pool_fd, *run.cgroup_fds],
                 log_path=str(run.run_dir / f"host-{ws_id}.log"), cwd=str(run.run_dir),
-                cgroup_rel=f"ws-{ws_id}", cgroup_fds=list(range(2, 2 + len(run.cgroup_fds))))
+                cgroup_rel=f"ws-{ws_id}", cgroup_fds=list(range(2, 2 + len(run.cgroup_fds))),
+                pid_namespace=self.backend.tree_hosts)
             host_end.close()
             engine_end.setblocking(False)
             await async_send_frame(engine_end, encoder.encode(config))
@@ -224,6 +226,8 @@ class Hosts:
         return await self.backend.fork(source, seed=seed, frozen=frozen)
 
     async def image(self, source: HostWorkspace, name: str) -> WorkspaceImage:
+        if self.backend.tree_hosts:
+            raise ImageFailed(source.id, f"{self.backend.name}: a tree-fork workspace has no process images yet")
         return await self.images.take(source, name)
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:

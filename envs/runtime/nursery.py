@@ -21,12 +21,21 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 
 from ..errors import EnvsError
-from . import syscalls
+from . import rootfs, syscalls
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
-from .protocol import NurseryExited, NurseryFailed, NurserySpawn, NurserySpawned, encoder, nursery_decoder
+from .protocol import (
+    NurseryExited,
+    NurseryFailed,
+    NurserySpawn,
+    NurserySpawned,
+    RootSpec,
+    encoder,
+    nursery_decoder,
+)
 from .task_scope import TaskScope, run_to_end
 
 UNSPAWN_TIMEOUT_S = 10.0  # a process killed before it did anything exits at once, unless the machine is swamped
@@ -63,7 +72,7 @@ def serve(control: socket.socket) -> None:
                 send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
             else:
                 popen[proc.pid] = proc
-                send_frame(control, encoder.encode(NurserySpawned(pid=proc.pid)))
+                send_frame(control, encoder.encode(NurserySpawned(pid=proc.pid, fds=fds)))
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -73,15 +82,52 @@ def serve(control: socket.socket) -> None:
 def _spawn(request: NurserySpawn, fds: list[int]) -> subprocess.Popen[bytes]:
     # The request's argv names descriptors as {0}, {1}, ...: the numbers they got here.
     argv = [arg.format(*fds) for arg in request.argv]
-    join = None
-    if request.cgroup_rel is not None:  # before the program runs: everything it ever allocates is charged there
-        hierarchies, rel = [fds[i] for i in request.cgroup_fds], request.cgroup_rel
+    hierarchies = [fds[i] for i in request.cgroup_fds]
+    root = request.root
 
-        def join() -> None:
-            join_by_fds(hierarchies, rel)
-    with open(request.log_path, "ab") as log:
-        return subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                cwd=request.cwd, start_new_session=True, preexec_fn=join)
+    def before_exec() -> None:
+        if request.cgroup_rel is not None:  # before the program runs: everything it allocates is charged there
+            join_by_fds(hierarchies, request.cgroup_rel)
+        if root is not None:
+            _assemble_root(root)
+
+    stdin = fds[request.stdin] if request.stdin >= 0 else subprocess.DEVNULL
+    env = dict(os.environ, **request.env) if request.env else None
+    with open(request.log_path, "ab") as log, _pid_namespace(request.pid_namespace):
+        stdout = fds[request.stdout] if request.stdout >= 0 else log
+        return subprocess.Popen(argv, pass_fds=fds, stdin=stdin, stdout=stdout, stderr=log, cwd=request.cwd,
+                                env=env, start_new_session=True,
+                                preexec_fn=before_exec if request.cgroup_rel is not None or root else None)
+
+
+@contextlib.contextmanager
+def _pid_namespace(wanted: bool) -> Iterator[None]:
+    """With ``wanted``, the children started inside are each pid 1 of a new PID namespace (ours stays ours: the
+    nursery is single-threaded, and only its children's namespace changes)."""
+    if not wanted:
+        yield
+        return
+    own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        syscalls.unshare(syscalls.CLONE_NEWPID)
+        try:
+            yield
+        finally:
+            syscalls.setns(own, syscalls.CLONE_NEWPID)
+    finally:
+        os.close(own)
+
+
+def _assemble_root(root: RootSpec) -> None:
+    """In a spawned child, before its exec: a mount namespace of its own with the workspace root ``root`` at its
+    target (the tree-fork builder enters it; the mounts go with the last process of that namespace)."""
+    syscalls.unshare(syscalls.CLONE_NEWNS)
+    syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
+    cwd = os.getcwd()
+    os.chdir(root.pool_path)  # the pool's mount in this namespace (a detached one is no overlay layer before 6.15)
+    rootfs.assemble(target=root.target, lower=root.lower, layer=root.layer, frozen=False,
+                    image_binds=root.image_binds, runtime_binds=root.runtime_binds)
+    os.chdir(cwd)
 
 
 def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
@@ -189,21 +235,29 @@ class Nursery:
         return self._sock
 
     async def spawn(self, argv: list[str], fds: list[int], log_path: str, cwd: str, *,
-                    cgroup_rel: str | None = None, cgroup_fds: list[int] | None = None) -> int:
+                    cgroup_rel: str | None = None, cgroup_fds: list[int] | None = None,
+                    pid_namespace: bool = False) -> int:
         """Start ``argv`` (descriptors named ``{0}``, ``{1}``... in it) as a child of the nursery, in cgroup
-        ``cgroup_rel`` below the hierarchies ``cgroup_fds`` (indexes into ``fds``) from its first instruction. A cancelled
+        ``cgroup_rel`` below the hierarchies ``cgroup_fds`` (indexes into ``fds``) from its first instruction
+        (``pid_namespace``: as pid 1 of a new PID namespace). A cancelled
         caller leaves nothing behind: the exchange runs to its end (a reply left in the queue would be the next
         caller's), and a process it spawned is killed and reaped before the cancellation is re-raised (left to
         itself it would live on after the caller removed its cgroup: as a child between fork and exec, or as a
         host waiting for its configuration)."""
+        spawned = await self.spawn_request(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd, cgroup_rel=cgroup_rel,
+                                                        cgroup_fds=cgroup_fds or [], pid_namespace=pid_namespace),
+                                           fds)
+        return spawned.pid
+
+    async def spawn_request(self, request: NurserySpawn, fds: list[int]) -> NurserySpawned:
+        """``spawn`` with every option of ``NurserySpawn`` (its standard streams, environment, a root made for it);
+        the reply names the numbers ``fds`` got in the process."""
         if self._sock is None:
             raise NurseryError("the nursery is not running")
-        reply = await run_to_end(self._spawn_exchange(
-            encoder.encode(NurserySpawn(argv=argv, log_path=log_path, cwd=cwd, cgroup_rel=cgroup_rel,
-                                        cgroup_fds=cgroup_fds or [])), fds), undo=self._unspawn)
+        reply = await run_to_end(self._spawn_exchange(encoder.encode(request), fds), undo=self._unspawn)
         if isinstance(reply, NurseryFailed):
             raise NurseryError(reply.message)
-        return reply.pid
+        return reply
 
     async def _unspawn(self, reply: NurserySpawned | NurseryFailed) -> None:
         """Undo a spawn whose caller was cancelled meanwhile: SIGKILL the process and wait until it is reaped."""

@@ -16,6 +16,11 @@ from ..records import AppSpec, Observation, ToolCall
 
 # -- engine -> host ------------------------------------------------------------------------------
 
+# a tree-fork host's descriptors from the engine (``HostConfig.tree``): its clones get theirs at the same numbers
+TREE_CHANNEL_FD = 3
+TREE_POOL_FD = 4  # closed once the root is built
+TREE_CGROUP_FD = 5  # the first of the cgroup hierarchies'
+
 
 class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     """First frame to a freshly spawned host: everything it needs to build its workspace."""
@@ -37,6 +42,12 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     # every program of the workspace may be merged by KSM (``PR_SET_MEMORY_MERGE`` on the host before anything
     # starts, inherited): a workspace that opts in under a backend whose clones share nothing (``ksm.py``)
     merge_memory: bool = False
+    # a tree-fork host (``fork/kmod.py``): pid 1 of a PID namespace of its own, its agents in it too, its external
+    # descriptors at fixed numbers (``TREE_CHANNEL_FD``...), nothing of the pool kept open once built
+    tree: bool = False
+    # the pool's mount point, as the engine sees it: a tree-fork host names its layers through it (a kernel before
+    # 6.15 takes no overlay upper layer on a detached mount, which the pool descriptor is)
+    pool_path: str = ""
 
 
 class Execute(msgspec.Struct, frozen=True, kw_only=True, tag="execute"):
@@ -86,7 +97,17 @@ class Close(msgspec.Struct, frozen=True, tag="close"):
     pass
 
 
-Request = Execute | Fork | Checkpoint | Ping | Lend | Close
+class Become(msgspec.Struct, frozen=True, kw_only=True, tag="become"):
+    """To a tree-fork clone, the first request on its own channel: the workspace it now is (its source's state
+    is its own from here); answered ``Ready``."""
+
+    ws_id: str
+    seed: int
+    layer: str
+    cgroup_rel: str
+
+
+Request = Execute | Fork | Checkpoint | Ping | Lend | Close | Become
 
 
 # -- host protocol: host -> engine ------------------------------------------------------------------------------
@@ -148,10 +169,29 @@ class NurserySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     cwd: str
     cgroup_rel: str | None = None  # join this group below each of the descriptors ``cgroup_fds`` before running
     cgroup_fds: list[int] = []  # indexes into the frame's descriptors: cgroup hierarchy directories
+    pid_namespace: bool = False  # pid 1 of a new PID namespace (a tree-fork host)
+    stdin: int = -1  # indexes into the frame's descriptors for its standard input and output (-1: /dev/null, the log)
+    stdout: int = -1
+    env: dict[str, str] = {}  # added to the nursery's environment
+    root: RootSpec | None = None  # made in a mount namespace of its own before it runs (a tree-fork builder)
+
+
+class RootSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A workspace root assembled at ``target`` (``rootfs.assemble``), in the spawned process's own mount
+    namespace; the overlay's paths are relative to the pool, mounted at ``pool_path`` in the engine's mount
+    namespace."""
+
+    pool_path: str
+    target: str
+    lower: str
+    layer: str
+    image_binds: list[tuple[str, str]]
+    runtime_binds: list[str]
 
 
 class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
     pid: int
+    fds: list[int] = []  # the numbers the frame's descriptors have in the spawned process
 
 
 class NurseryFailed(msgspec.Struct, frozen=True, kw_only=True, tag="spawn_failed"):

@@ -31,6 +31,18 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, ima
     enter, and their own path becomes a symlink into it: the host finds its files where it left them, agents
     find a link they cannot follow.
     """
+    assemble(target=target, lower=lower, layer=layer, frozen=frozen, image_binds=image_binds,
+             runtime_binds=runtime_binds)
+    os.chdir(target)
+    syscalls.pivot_root(".", ".")
+    syscalls.umount(".", syscalls.MNT_DETACH)
+    os.chdir("/")
+
+
+def assemble(*, target: str, lower: str, layer: str, frozen: bool, image_binds: list[tuple[str, str]],
+             runtime_binds: list[str]) -> None:
+    """Mount the root ``assemble_and_pivot`` makes ``/`` at ``target``, and nothing else: the tree fork's builder
+    enters it itself (``fork/kmod.py``). The current directory must be the pool's root."""
     if frozen:
         data = f"lowerdir={layer}/upper:{lower}"
         flags = syscalls.MS_RDONLY
@@ -49,10 +61,6 @@ def assemble_and_pivot(*, target: str, lower: str, layer: str, frozen: bool, ima
         if not frozen:
             _link_to_runtime(target, path)
     _mount_dev(target)  # a snapshot needs one too: its clones bind their device nodes from it
-    os.chdir(target)
-    syscalls.pivot_root(".", ".")
-    syscalls.umount(".", syscalls.MNT_DETACH)
-    os.chdir("/")
 
 
 def _ensure_skeleton(target: str) -> None:

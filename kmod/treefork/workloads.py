@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -1157,6 +1158,76 @@ def _ns_pid(host_pid: int) -> int:
         return -1
 
 
+def workload_engine(args: argparse.Namespace) -> list[str]:
+    """The engine itself on the tree fork: ``bunshin eval`` of the embedded web shop with ``--backend kmod`` (GRPO
+    groups, every sample a tree fork of its task's set-up workspace), then again with the prefix cache and
+    speculation (its selector trained on the first run's trajectories, so that it speculates: every branch a tree
+    fork, every cached step a fork of a frozen tree-fork snapshot). Every rollout must finish, the second run must
+    serve steps from the cache and start branches, and each rollout's steps (calls and observations) and reward
+    must equal those of the same run made on the host with the userspace fork (``--reference``, made by
+    ``kmod/vmtest``): a clone that is not its source would show there."""
+    problems: list[str] = []
+    env = dict(os.environ, BUNSHIN_STATE_DIR=str(WORK / "engine-state"), BUNSHIN_IMAGE_DIR=args.images or "",
+               BUNSHIN_TREEFORK_BUILDER=args.builder)
+    plain = WORK / "engine-plain"
+    runs = [("plain", plain, []),
+            ("prefix+speculation", WORK / "engine-prefix", ["--prefix-cache", "--speculate", "--spec-train",
+                                                            str(plain / "trajectories.jsonl")])]
+    reference = _outcomes(Path(args.reference)) if args.reference else None
+    for name, out, extra in runs:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *ENGINE_RUN,
+                               "--backend", args.engine_backend, "--out", str(out), *extra],
+                              env=env, capture_output=True, text=True, timeout=1200)
+        if proc.returncode != 0:
+            problems.append(f"bunshin eval ({name}) exited {proc.returncode}: {proc.stdout[-1500:]} "
+                            f"{proc.stderr[-3000:]}")
+            continue
+        summary = json.loads((out / "summary.json").read_text())
+        steps, spec = summary["steps_by_source"], summary.get("speculation") or {}
+        say(f"{name}: {summary['rollouts']} rollouts in {time.monotonic() - started:.0f} s, {summary['failed']} "
+            f"failed, success rate {summary['success_rate']:.2f}, steps {steps}, branches started "
+            f"{spec.get('speculated')}, adopted {spec.get('adopted')}")
+        outcomes = _outcomes(out / "trajectories.jsonl")
+        errors = [error for _, _, error in outcomes.values() if error]
+        if summary["failed"] or summary["rollouts"] != ENGINE_ROLLOUTS:
+            problems.append(f"{name}: {summary['failed']} of {summary['rollouts']} rollouts failed "
+                            f"(of {ENGINE_ROLLOUTS}); the first error: {errors[:1]}")
+        if extra and not (steps["cached"] > 0 and spec.get("speculated", 0) > 0):
+            problems.append(f"{name}: no step served from the cache ({steps['cached']}) or no branch started "
+                            f"({spec.get('speculated')}): the prefix tree and speculation did not fork")
+        if reference is not None:
+            differ = sorted(k for k in reference.keys() | outcomes.keys()
+                            if reference.get(k, (None,))[:2] != outcomes.get(k, (None,))[:2])
+            say(f"{name}: {len(outcomes) - len(differ)} of {len(outcomes)} rollouts equal to the userspace "
+                f"fork's on the host (steps and reward)")
+            if differ:
+                problems.append(f"{name}: rollouts {differ[:4]} differ from the userspace fork's")
+    return problems
+
+
+# the engine workload's runs (the reference is made on the host with the same arguments): 3 tasks of the web
+# shop, groups of 3, every sample a fork
+ENGINE_RUN = ["--suite", "webshop", "--limit", "3", "--group-size", "3", "--concurrency", "3", "--max-steps", "12",
+              "--seed", "0"]
+ENGINE_ROLLOUTS = 9
+
+
+def _outcomes(trajectories: Path) -> dict[tuple[str, int], tuple[str, float, str]]:
+    """Each rollout's (task, sample): a digest of its calls and observations (their text, exit code, error), its
+    reward, its error."""
+    import hashlib
+
+    out = {}
+    for line in trajectories.read_text().splitlines():
+        t = json.loads(line)
+        text = json.dumps([(s["call"], {k: s["observation"].get(k) for k in ("output", "exit_code", "error")})
+                           for s in t["steps"]], sort_keys=True)
+        out[(t["task_id"], t["sample"])] = (hashlib.sha256(text.encode()).hexdigest()[:16], t["reward"],
+                                            t.get("error") or "")
+    return out
+
+
 WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": workload_threads,
                                                                     "shell": workload_shell,
                                                                     "sockets": workload_sockets,
@@ -1165,7 +1236,8 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": wo
                                                                     "xdesktop": workload_xdesktop,
                                                                     "calc": workload_calc,
                                                                     "chromium": workload_chromium,
-                                                                    "faults": workload_faults}
+                                                                    "faults": workload_faults,
+                                                                    "engine": workload_engine}
 
 
 def main() -> int:
@@ -1177,7 +1249,14 @@ def main() -> int:
     ap.add_argument("--sockets-app", default=str(Path(__file__).resolve().parent / "sockets_app.py"))
     ap.add_argument("--shop-app", default=str(Path(__file__).resolve().parent / "shop_app.py"))
     ap.add_argument("--generations", type=int, default=1)
+    ap.add_argument("--engine-backend", default="kmod", help="the engine workload's --backend")
+    ap.add_argument("--reference", help="the engine workload's run made on the host (trajectories.jsonl)")
+    ap.add_argument("--make-reference", metavar="DIR",
+                    help="make the engine workload's reference on this host (the userspace fork) in DIR, and exit")
     args = ap.parse_args()
+    if args.make_reference:
+        return subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *ENGINE_RUN, "--backend", "cow",
+                               "--out", args.make_reference], capture_output=True).returncode
     WORK.mkdir(parents=True, exist_ok=True)
     try:
         with layer_pool():

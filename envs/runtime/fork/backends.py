@@ -23,6 +23,8 @@ class ForkBackend(Protocol):
     # whether its clones share the source's memory (a live fork): a workspace opting into KSM then has only what
     # the fork cannot share merged (its app's own programs), not the host's pages its clones map already
     shares_memory: bool
+    # whether its hosts are tree-fork hosts (``HostConfig.tree``): pid 1 of a PID namespace each, read from outside
+    tree_hosts: bool
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         """A clone of ``source`` (a HostSnapshot when ``frozen``), registered with the run's hosts."""
@@ -39,6 +41,7 @@ class AllOrNothingFork:
     name = ""
     takes_warm_slots = False
     shares_memory = False
+    tree_hosts = False
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         return await run_to_end(self._fork(source, seed=seed, frozen=frozen), undo=lambda clone: clone.close())

@@ -3,6 +3,9 @@ which can run here).
 
 - ``cow`` (``cow.py``): the userspace live fork. No application memory is copied: clones share every page they do
   not write, and files through btrfs snapshots of the source's writable layer.
+- ``kmod`` (``kmod.py``): the tree fork. The engine forks a workspace's whole process tree from outside it through
+  the kernel module (its memory shared copy-on-write, its files through a btrfs snapshot); needs the module
+  loaded (``/dev/bunshin``), the builder, and cgroup v2.
 - ``restore`` (``restore.py``): the private-restore baseline. The source dumps every process's state once per
   state; fresh hosts read the dump back into private memory, as CRIU's restore does.
 
@@ -18,9 +21,10 @@ from collections.abc import Callable
 from ..hosts import Hosts
 from .backends import ForkBackend
 from .cow import CowFork
+from .kmod import KmodFork
 from .restore import PrivateRestore
 
-_MAKERS: dict[str, Callable[[Hosts], ForkBackend]] = {"cow": CowFork, "restore": PrivateRestore}
+_MAKERS: dict[str, Callable[[Hosts], ForkBackend]] = {"cow": CowFork, "restore": PrivateRestore, "kmod": KmodFork}
 BACKENDS = tuple(_MAKERS)
 
 

@@ -21,6 +21,39 @@ from .errors import TreeForkFailed
 from .plan import TreePlan, render
 
 
+class BuilderSilent(TreeForkFailed):
+    """The builder said nothing more (it ended, or its deadline passed)."""
+
+
+class BuilderLines:
+    """The builder's report lines on ``fd`` (its standard output): "grafted N MS", "released MS", or
+    "error PID ERRNO WHAT", which raises ``TreeForkFailed``."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = b""
+
+    def next(self, expected: str, deadline: float) -> str:
+        """The next line, which must start with ``expected``; ``BuilderSilent`` if none comes before
+        ``deadline`` (monotonic) or the builder ended."""
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise BuilderSilent(0, 0, f"no {expected!r} from the builder in time")
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                raise BuilderSilent(0, 0, f"the builder ended before {expected!r}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        text = line.decode(errors="replace")
+        if text.startswith("error "):
+            _, pid, errno, what = text.split(" ", 3)
+            raise TreeForkFailed(int(pid), int(errno), what)
+        if not text.startswith(expected):
+            raise TreeForkFailed(0, 0, f"unexpected line from the builder: {text!r}")
+        return text
+
+
 class TreeForkBuild:
     """One run of the builder. ``grafted_ms`` and ``released_ms`` are the builder's own clock from its start."""
 
@@ -42,7 +75,8 @@ class TreeForkBuild:
             env.update(BUNSHIN_TREEFORK_FAULT=fault, BUNSHIN_TREEFORK_FAULT_PID=str(fault_pid))
         self.proc = subprocess.Popen([str(builder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._trace, start_new_session=True, env=env, pass_fds=pass_fds)
-        self._buffer = b""
+        assert self.proc.stdout is not None
+        self._lines = BuilderLines(self.proc.stdout.fileno())
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(render(plan).encode())
@@ -56,25 +90,10 @@ class TreeForkBuild:
     def _line(self, expected: str) -> str:
         """The builder's next line, which must start with ``expected`` (an ``error`` line raises)."""
         assert self.proc.stdout is not None
-        deadline = self.started + self.timeout_s
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TreeForkFailed(0, 0, f"no {expected!r} from the builder within {self.timeout_s:g} s; "
-                                           f"its last steps: {self._steps()}")
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise TreeForkFailed(0, 0, f"the builder ended before {expected!r}: {self._steps()}")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        text = line.decode(errors="replace")
-        if text.startswith("error "):
-            _, pid, errno, what = text.split(" ", 3)
-            raise TreeForkFailed(int(pid), int(errno), what)
-        if not text.startswith(expected):
-            raise TreeForkFailed(0, 0, f"unexpected line from the builder: {text!r}")
-        return text
+        try:
+            return self._lines.next(expected, self.started + self.timeout_s)
+        except BuilderSilent as exc:
+            raise TreeForkFailed(0, 0, f"{exc}; its last steps: {self._steps()}") from None
 
     def _steps(self) -> str:
         """Where the clone's first process and its threads are in the kernel, and the builder's stderr (its steps),

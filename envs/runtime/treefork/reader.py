@@ -446,10 +446,24 @@ def _has_own_pages(host_pid: int, start: int, end: int) -> bool:
 
 def _rlimits(host_pid: int) -> dict[int, tuple[int, int]]:
     out = {}
-    for res in range(16):
-        cur, mx = resource.prlimit(host_pid, res)
-        out[res] = (RLIM_INFINITY if cur < 0 else cur, RLIM_INFINITY if mx < 0 else mx)
+    try:
+        for res in range(16):
+            cur, mx = resource.prlimit(host_pid, res)
+            out[res] = (RLIM_INFINITY if cur < 0 else cur, RLIM_INFINITY if mx < 0 else mx)
+    except PermissionError:  # another user's process, and no CAP_SYS_RESOURCE here: its limits file says the same
+        return _rlimits_from_proc(host_pid)
     return out
+
+
+def _rlimits_from_proc(host_pid: int) -> dict[int, tuple[int, int]]:
+    """/proc/PID/limits: one line per resource, in resource order, after a header; soft and hard limits are the
+    two columns after the name ("unlimited" or a number)."""
+    lines = Path(f"/proc/{host_pid}/limits").read_text().splitlines()[1:17]
+    out = {}
+    for res, line in enumerate(lines):
+        soft, hard = line[26:].split()[:2]
+        out[res] = tuple(RLIM_INFINITY if v == "unlimited" else int(v) for v in (soft, hard))
+    return out  # type: ignore[return-value]
 
 
 def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int, int], int] | None = None) -> TreePlan:
