@@ -110,11 +110,10 @@ class Agents:
         """
         init, self.init_pid = self.init_pid, None
         self.close_namespace_fd()
-        if init is None:
-            return
-        if not self.namespace:
+        if not self.namespace:  # whatever is in the agents' cgroup (a tree-fork clone's too: its source's jobs)
             kill_by_fds(self.cgroup_fds, self.group)
-            self.reap_orphans(keep=())
+            return
+        if init is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(init, signal.SIGKILL)

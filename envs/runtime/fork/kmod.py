@@ -117,8 +117,7 @@ class KmodFork(AllOrNothingFork):
         build: _Build | None = None
         try:
             async with source.exclusive():
-                thawed_at, build = await self._graft(source, clone_id, layer, group, clone_end)
-            freeze_s = thawed_at - started
+                freeze_s, build = await self._graft(source, clone_id, layer, group, clone_end)
             if frozen:
                 await asyncio.to_thread(group.freeze, True)  # released, every clone process traps in the freezer
             await await_points.reached("fork.kmod.release")
@@ -151,9 +150,10 @@ class KmodFork(AllOrNothingFork):
     async def _graft(self, source: HostWorkspace, clone_id: str, layer: str, group: Cgroup,
                      clone_end: socket.socket) -> tuple[float, _Build]:
         """Steps 1 to 4 up to the graft, with the source frozen: when its graft is done, or on any failure, the
-        source is thawed again (unless it is a snapshot, frozen for good). The time it was thawed, and the build."""
+        source is thawed again (unless it is a snapshot, frozen for good). How long it was frozen, and the build."""
         hosts = self.hosts
         thaw = not source.frozen
+        frozen_at = time.monotonic()
         if thaw:
             await asyncio.to_thread(_freeze, source.cgroup)
         try:
@@ -180,7 +180,7 @@ class KmodFork(AllOrNothingFork):
         finally:
             if thaw:
                 await asyncio.shield(asyncio.to_thread(source.cgroup.freeze, False))
-        return time.monotonic(), build
+        return time.monotonic() - frozen_at, build
 
     async def _spawn_builder(self, source: HostWorkspace, clone_id: str, layer: str, given: list[int]) -> _Build:
         """The builder, as the nursery's child, in a mount namespace with the clone's root; ``given``: the clone's
