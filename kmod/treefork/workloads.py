@@ -1173,6 +1173,12 @@ def workload_engine(args: argparse.Namespace) -> list[str]:
                BUNSHIN_TREEFORK_BUILDER=args.builder)
     out = WORK / "engine"
     reference = _outcomes(Path(args.reference))
+    doctor = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "doctor", "--json"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    verdict = json.loads(doctor.stdout)["backends"]["kmod"] if doctor.stdout.startswith("{") else {}
+    say(f"bunshin doctor here: kmod {verdict}")
+    if not verdict.get("available"):
+        problems.append(f"bunshin doctor says the kmod backend cannot run here: {verdict or doctor.stderr[-500:]}")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *ENGINE_RUN, "--backend",
                            args.engine_backend, "--out", str(out), "--prefix-cache", "--speculate", "--spec-train",
