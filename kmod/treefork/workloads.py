@@ -1202,8 +1202,28 @@ def workload_engine(args: argparse.Namespace) -> list[str]:
     say(f"{len(outcomes) - len(differ)} of {len(outcomes)} rollouts equal to the userspace fork's on the host (steps "
         f"and reward)")
     if differ:
-        problems.append(f"rollouts {differ[:4]} differ from the userspace fork's")
+        problems.append(f"rollouts {differ[:4]} differ from the userspace fork's: "
+                        f"{_first_difference(Path(args.reference), out / 'trajectories.jsonl', differ[0])}")
     return problems
+
+
+def _first_difference(reference: Path, ours: Path, key: tuple[str, int]) -> str:
+    """Where rollout ``key`` first differs between the two runs: the step, its calls, its observations."""
+    def steps(path: Path) -> tuple[list[dict], float | None]:
+        for line in path.read_text().splitlines():
+            t = json.loads(line)
+            if (t["task_id"], t["sample"]) == key:
+                return t["steps"], t["reward"]
+        return [], None
+
+    (a, reward_a), (b, reward_b) = steps(reference), steps(ours)
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        ox = {k: x["observation"].get(k) for k in ("output", "exit_code", "error")}
+        oy = {k: y["observation"].get(k) for k in ("output", "exit_code", "error")}
+        if x["call"] != y["call"] or ox != oy:
+            return (f"step {i} ({y.get('source')}): call {x['call']} / {y['call']}; observation "
+                    f"{json.dumps(ox)[:1500]} / {json.dumps(oy)[:1500]}")
+    return f"{len(a)} / {len(b)} steps, reward {reward_a} / {reward_b}"
 
 
 # the engine workload's runs (the reference is made on the host with the same arguments): 3 tasks of the web
