@@ -106,7 +106,7 @@ class Host:
         except PermissionError:
             pass
         namespaces.enter_new_workspace_namespaces(cfg.hostname)
-        if cfg.pool_path:  # the pool's mount in our namespace (a detached one is no overlay layer before 6.15)
+        if cfg.pool_path:  # the pool's mount in our namespace (6.1 takes no detached one as an overlay layer)
             os.chdir(cfg.pool_path)
         else:
             os.fchdir(state.pool_fd)

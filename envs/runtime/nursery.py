@@ -124,7 +124,7 @@ def _assemble_root(root: RootSpec) -> None:
     syscalls.unshare(syscalls.CLONE_NEWNS)
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
     cwd = os.getcwd()
-    os.chdir(root.pool_path)  # the pool's mount in this namespace (a detached one is no overlay layer before 6.15)
+    os.chdir(root.pool_path)  # the pool's mount in this namespace (6.1 takes no detached one as an overlay layer)
     rootfs.assemble(target=root.target, lower=root.lower, layer=root.layer, frozen=False,
                     image_binds=root.image_binds, runtime_binds=root.runtime_binds)
     os.chdir(cwd)

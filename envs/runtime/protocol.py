@@ -45,8 +45,8 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     # a tree-fork host (``fork/kmod.py``): pid 1 of a PID namespace of its own, its agents in it too, its external
     # descriptors at fixed numbers (``TREE_CHANNEL_FD``...), nothing of the pool kept open once built
     tree: bool = False
-    # the pool's mount point, as the engine sees it: a tree-fork host names its layers through it (a kernel before
-    # 6.15 takes no overlay upper layer on a detached mount, which the pool descriptor is)
+    # the pool's mount point, as the engine sees it: a tree-fork host names its layers through it (a kernel as old
+    # as Debian 12's 6.1 takes no overlay upper layer on a detached mount, which the pool descriptor is)
     pool_path: str = ""
 
 
