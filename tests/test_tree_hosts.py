@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from bunshin.envs import AppSpec, ForkFailed, ToolCall, WorkspaceRuntime
+from bunshin.envs import AppSpec, ForkFailed, RequestRefused, ToolCall, WorkspaceRuntime
 from bunshin.envs.runtime import await_points
 from bunshin.envs.runtime.fork import kmod
 from bunshin.envs.runtime.fork.kmod import BUILDER_ENV, tree_init
 from bunshin.envs.runtime.host_workspace import HostWorkspace
-from bunshin.envs.runtime.protocol import TREE_CGROUP_FD, TREE_CHANNEL_FD
+from bunshin.envs.runtime.protocol import TREE_CGROUP_FD, TREE_CHANNEL_FD, Become
 from bunshin.envs.runtime.treefork.procfs import last, status, walk
 from bunshin.envs.runtime.treefork.reader import read_tree
 
@@ -157,3 +157,15 @@ async def test_a_tree_fork_that_fails_in_the_builder_or_is_cancelled_leaves_noth
     assert obs.output.strip() == "kept"
     await ws.close()
 
+
+
+@pytest.mark.asyncio
+async def test_only_a_tree_fork_clone_becomes_another_workspace(make_runtime) -> None:
+    """``Become`` is for a tree-fork clone's host; a userspace-fork host refuses it and serves on as itself."""
+    rt: WorkspaceRuntime = await make_runtime(backend="cow")
+    ws = await rt.create(PROBE)
+    assert isinstance(ws, HostWorkspace)
+    with pytest.raises(RequestRefused, match="only a tree-fork clone"):
+        await ws.request(Become(ws_id="other", seed=1, layer="ws-other", cgroup_rel="ws-other"))
+    assert (await ws.execute(ToolCall(name="echo", args={"text": "me"}))).output.strip() == "me"
+    await ws.close()
