@@ -45,13 +45,16 @@ async def test_a_tree_hosts_processes_share_its_pid_namespace_and_orphans_are_re
     assert isinstance(ws, HostWorkspace)
     assert last(status(ws.pid)["NSpid"]) == 1, "the host is pid 1 of its own namespace"
     assert tree_init(ws.pid) == ws.pid
-    obs = await ws.execute(shell("sleep 0.3 & echo $$ $!; readlink /proc/self/ns/pid"))
+    obs = await ws.execute(shell("sleep 1 > /dev/null 2>&1 & echo $$ $!; readlink /proc/self/ns/pid"))
     assert obs.exit_code == 0, obs
     lines = obs.output.split()
     assert lines[2] == os.readlink(f"/proc/{ws.pid}/ns/pid"), f"the agent is in the host's pid namespace: {obs}"
     assert 1 < int(lines[0]) < 100, "numbered in the host's namespace"
-    time.sleep(0.6)  # the background job exits, orphaned onto the host
-    await ws.execute(ToolCall(name="echo", args={"text": "x"}))  # the host reaps before each request
+    deadline = time.monotonic() + 20  # the background job exits, orphaned onto the host: a zombie of its until...
+    while "Z" not in states(ws.pid).values():
+        assert time.monotonic() < deadline, states(ws.pid)
+        await asyncio.sleep(0.05)
+    await ws.execute(ToolCall(name="echo", args={"text": "x"}))  # ...the host reaps it, before each request
     assert "Z" not in states(ws.pid).values(), states(ws.pid)
     fds = set(map(int, os.listdir(f"/proc/{ws.pid}/fd")))
     assert TREE_CHANNEL_FD in fds and TREE_CGROUP_FD in fds
