@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -34,10 +35,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 
 
 class Tree:
-    def __init__(self, argv: list[str], threads: int = 1, keeps_pipe: int = 0, unshare: tuple[str, ...] = ()):
+    def __init__(self, argv: list[str], threads: int = 1, keeps_pipe: int = 0, unshare: tuple[str, ...] = (),
+                 pass_fds: tuple[int, ...] = ()):
         self.launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *unshare, *argv],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+                                         stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
+                                         pass_fds=pass_fds)
         assert self.launcher.stdout is not None
         ready = self.launcher.stdout.readline()
         assert ready.strip() == b"ready", ready
@@ -83,7 +86,8 @@ def tree() -> Iterator[list[Tree]]:
         t.end()
 
 
-def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0, unshare: tuple[str, ...] = ()) -> Tree:
+def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0, unshare: tuple[str, ...] = (),
+                pass_fds: tuple[int, ...] = ()) -> Tree:
     """A Python process (pid 1 of its namespace, in the other namespaces ``unshare`` names: "--ipc") that runs
     ``code``, says ready on what fd 1 was (a pipe to us; fd 1 is /dev/null by then, so that no pipe crosses the
     tree's boundary) and sleeps."""
@@ -91,7 +95,7 @@ def python_tree(made: list[Tree], code: str, keeps_pipe: int = 0, unshare: tuple
                "w = os.dup(1); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(n)\n"
                "os.write(w, b'ready\\n'); os.close(w)\n"
                "while True: time.sleep(1)\n")
-    t = Tree([PYTHON, "-c", program], keeps_pipe=keeps_pipe, unshare=unshare)
+    t = Tree([PYTHON, "-c", program], keeps_pipe=keeps_pipe, unshare=unshare, pass_fds=pass_fds)
     made.append(t)
     return t
 
@@ -468,3 +472,82 @@ def test_rlimits_read_from_proc_equal_prlimits() -> None:
 
     assert _rlimits_from_proc(os.getpid()) == _rlimits(os.getpid())
     assert len(_rlimits_from_proc(os.getpid())) == 16
+
+
+# a devpts instance of the tree's own at /dev/pts (the tree has a mount namespace of its own), as a workspace has
+DEVPTS = ("import ctypes, fcntl, pty, signal, struct, termios\n"
+          "assert ctypes.CDLL(None).mount(b'devpts', b'/dev/pts', b'devpts', 0, b'newinstance,ptmxmode=0666') == 0\n")
+# a terminal: pid 1 holds the master (window 33x101, no echo); pid 2 (a session's leader, the pty its controlling
+# terminal) holds the slave as 0, 1, 2; pid 3, a process group of its own, is the terminal's foreground group
+TERMINAL = DEVPTS + (
+    "pid, master = pty.fork()\nif pid == 0:\n    signal.signal(signal.SIGTTOU, signal.SIG_IGN)\n"
+    "    if os.fork() == 0:\n        os.setpgid(0, 0); os.tcsetpgrp(0, os.getpgrp())\n"
+    "        while True: time.sleep(1)\n    while True: time.sleep(1)\n"
+    "fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack('HHHH', 33, 101, 0, 0))\n"
+    "a = termios.tcgetattr(master); a[3] &= ~termios.ECHO; termios.tcsetattr(master, termios.TCSANOW, a)\n"
+    "while os.tcgetpgrp(master) == pid: time.sleep(0.01)\n")
+
+
+def test_a_terminal_is_planned_with_its_index_termios_window_controlling_session_and_foreground_group(
+        tree: list[Tree]) -> None:
+    import termios
+
+    t = python_tree(tree, TERMINAL)
+    plan = read_tree(t.init, hostname="box")
+    [master] = [f for f in plan.files if f.kind == "ptmx"]
+    [slave] = [f for f in plan.files if f.kind == "pts"]
+    assert master.terminal is not None and master.terminal.index == 0 and master.path == "/dev/ptmx"
+    assert slave.path == "/dev/pts/0" and slave.peer == master.oid and slave.flags & os.O_ACCMODE == os.O_RDWR
+    assert struct.unpack("HHHH", master.terminal.winsize)[:2] == (33, 101)
+    assert not struct.unpack("4I", master.terminal.termios[:16])[3] & termios.ECHO
+    procs = {p.pid: p for p in plan.processes}
+    assert (procs[1].ctty, procs[2].ctty, procs[3].ctty) == (-1, slave.oid, -1)
+    assert (procs[1].foreground, procs[2].foreground, procs[3].foreground) == (-1, -1, slave.oid)
+    assert [d.num for d in procs[2].descriptors if d.oid == slave.oid] == [0, 1, 2]
+    text = render(plan)
+    assert f"ctty 2 {slave.oid}\n" in text and f"foreground 3 {slave.oid}\n" in text
+    assert f"obj {slave.oid} pts {master.oid} {slave.flags} /dev/pts/0\n" in text
+    assert (f"obj {master.oid} ptmx {master.flags} 0 0 {master.terminal.termios.hex()} "
+            f"{master.terminal.winsize.hex()} /dev/ptmx\n") in text
+    view = describe(t.init)
+    assert view[2]["tty"] == ((136, 0), 3) and view[3]["tty"] == ((136, 0), 3) and "tty" not in view[1]
+    [master_fd] = [d.num for d in procs[1].descriptors if d.oid == master.oid]
+    assert view[1]["fds"][master_fd][3][:2] == ("ptmx", 0) and view[2]["fds"][0][3] == ("pts", 0)
+
+
+PTY_REFUSALS = {
+    "a pty with bytes in flight": (
+        DEVPTS + "pid, master = pty.fork()\nif pid == 0:\n    while True: time.sleep(1)\nos.write(master, b'typed')",
+        "pid 1 fd", "bytes in flight"),
+    "a pty whose master is outside the tree": (
+        DEVPTS + "m, s = pty.openpty(); os.close(m)", "pid 1 fd", "master is outside the tree"),
+    "a pty of another devpts instance": (
+        "import pty; m, s = pty.openpty()\n" + DEVPTS, "pid 1 fd", "devpts instance other than the tree's"),
+    "a pty slave opened twice": (
+        DEVPTS + "m, s = pty.openpty(); s2 = os.open(os.ttyname(s), os.O_RDWR | os.O_NOCTTY)", "pid 1 fd",
+        "opened twice"),
+    "a pty master still locked": (
+        DEVPTS + "m = os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY)", "pid 1 fd", "still locked"),
+    "a controlling terminal that is not a pty of the tree": (
+        DEVPTS + "if os.fork() == 0:\n    os.setsid(); fcntl.ioctl(HOST_PTY, termios.TIOCSCTTY, 0)\n"
+        "    os.close(HOST_PTY); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n    while True: time.sleep(1)\n"
+        "os.close(HOST_PTY); time.sleep(0.3)", "pid 2", "not a pty of the tree"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PTY_REFUSALS))
+def test_a_terminal_that_cannot_be_reproduced_is_refused_naming_it(tree: list[Tree], case: str) -> None:
+    import pty
+
+    code, where, why = PTY_REFUSALS[case]
+    outside_master, outside_slave = pty.openpty()  # the host's: a terminal a session of the tree takes (HOST_PTY)
+    try:
+        t = python_tree(tree, code.replace("HOST_PTY", str(outside_slave)), pass_fds=(outside_slave,))
+    finally:
+        os.close(outside_slave)
+    try:
+        with pytest.raises(TreeForkRefused) as caught:
+            read_tree(t.init, hostname="box")
+        assert where in caught.value.culprit and why in str(caught.value), str(caught.value)
+    finally:
+        os.close(outside_master)

@@ -3,7 +3,8 @@ observe of itself (the tree and its pids, sessions and groups, threads, credenti
 flags, offsets and the bytes in flight in pipes, eventfd counts and epoll interest lists, memory maps with their
 protections and names, memory contents by mapping, mounts; Unix sockets with their type, state, name, queued bytes
 and peer; netlink sockets with their protocol, port id and groups; inotify watches with their numbers, masks and
-paths), then check they diverge independently: a byte
+paths; ptys with their index, termios, window size and queues; a session's controlling terminal and its foreground
+group), then check they diverge independently: a byte
 written into a private page of one is never seen by the other, page by page, and a page is shared until written.
 
 Owns: ``describe`` (what a frozen tree shows, normalised so that two faithful copies compare equal: pipes numbered in
@@ -22,6 +23,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
+from . import terminals
 from .inotify import inotify_watches
 from .procfs import MAPS, cgroup_below, inside, last, status, walk
 from .reader import STATELESS_DEVICES
@@ -94,6 +96,12 @@ def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str], unix: di
         device = STATELESS_DEVICES.get((os.major(st.st_rdev), os.minor(st.st_rdev))) \
             if stat.S_ISCHR(st.st_mode) else None
         link = device or inside(link, root, f"pid {host_pid} fd {num}")
+        if stat.S_ISCHR(st.st_mode) and terminals.is_master(st):  # a pty: its index, termios, window, packet mode
+            t = terminals.read_master(host_pid, num, f"pid {host_pid} fd {num}")
+            extra = ("ptmx", t.terminal.index, t.terminal.termios.hex(), t.terminal.winsize.hex(),
+                     t.terminal.packet, t.queued_out, t.queued_in)
+        elif stat.S_ISCHR(st.st_mode) and (index := terminals.slave_index(st.st_rdev)) is not None:
+            extra = ("pts", index)
     return link, flags, pos, extra
 
 
@@ -264,6 +272,7 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
     netlink = netlink_sockets(init_host_pid)
     view: dict[int, dict[str, object]] = {}
     ns_of: dict[int, int] = {}
+    ttys: dict[int, tuple[int, ...]] = {}  # tty_nr and tpgid (a host pid), by pid
     for host_pid in walk(init_host_pid):
         st = status(host_pid)
         pid = last(st["NSpid"])
@@ -285,6 +294,10 @@ def describe(init_host_pid: int) -> dict[int, dict[str, object]]:
             "fds": fds, "maps": _maps(host_pid), "root": root, "memory": _memory_hashes(host_pid),
             "mounts": _mounts(host_pid, root), "cgroup": cgroup_below(host_pid, init_host_pid, f"pid {pid}"),
         }
+        if last(st["NSsid"]):  # a session of the tree's: its controlling terminal and that one's foreground group
+            ttys[pid] = tuple(int(x) for x in Path(f"/proc/{host_pid}/stat").read_text().rsplit(")", 1)[1].split()[4:6])
+    for pid, (tty_nr, tpgid) in ttys.items():
+        view[pid]["tty"] = (terminals.controlling_tty(tty_nr), ns_of.get(tpgid, tpgid if tpgid <= 0 else "outside"))
     ipc = read_ipc(init_host_pid)
     if not ipc.ours:  # the tree's own SysV objects: the same ids, keys, modes, sizes, owners and attach counts
         view[1]["ipc"] = (sorted(ipc.segments.values(), key=lambda g: g.shmid), ipc.semaphores, ipc.queues)
@@ -305,8 +318,8 @@ def compare(source: dict[int, dict[str, object]], clone: dict[int, dict[str, obj
                 # a source waiting in ppoll() (say) shows its temporary mask; the clone has the saved one and
                 # restarts the call, which sets the temporary one again
                 continue
-            if s[key] != c[key]:
-                out.append(f"pid {pid} {key}: source {s[key]!r}, clone {c[key]!r}")
+            if s[key] != c.get(key):
+                out.append(f"pid {pid} {key}: source {s[key]!r}, clone {c.get(key)!r}")
         sf, cf = s["fds"], c["fds"]
         assert isinstance(sf, dict) and isinstance(cf, dict)
         for num in sorted(set(sf) | set(cf)):

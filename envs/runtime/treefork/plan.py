@@ -42,6 +42,17 @@ class Segment(msgspec.Struct, frozen=True):
         return bool(self.mode & SHM_DEST)
 
 
+class Terminal(msgspec.Struct, frozen=True):
+    """A pty's state, set on the clone's pair: its index in the devpts instance (the clone's /dev/pts/N has the
+    same N), its slave's termios (the kernel's ``struct termios``, as TCGETS gives it) and window size (TIOCGWINSZ),
+    and whether its master is in packet mode."""
+
+    index: int
+    termios: bytes
+    winsize: bytes
+    packet: bool = False
+
+
 class OpenFile(msgspec.Struct, frozen=True):
     """One open file of the clone, shared by every descriptor (in any process) that names its ``oid``.
 
@@ -49,7 +60,9 @@ class OpenFile(msgspec.Struct, frozen=True):
     copied), ``pipe_w`` (the write end of pipe ``peer``), ``file`` (``path`` in the clone's root, opened with
     ``flags``, at ``offset``), ``dir``, ``eventfd`` (``count``), ``memfd`` (a copy of the source's memfd, named
     ``path``) or ``shm`` (a copy of a /dev/shm file at ``path`` in the clone's root, unlinked when ``count`` is 1),
-    copied from ``/proc/<source_pid>/<source_where>``, ``epoll`` (its interest list is ``Watch``es); sockets:
+    copied from ``/proc/<source_pid>/<source_where>``, ``epoll`` (its interest list is ``Watch``es); terminals:
+    ``ptmx`` (a pty's master, opened at ``path`` with ``flags`` until it has the source's index, set as its
+    ``terminal`` says), ``pts`` (the slave of master ``peer``, opened at ``path`` with ``flags``); sockets:
     ``socketpair`` (a connected Unix pair of type ``count``, whose other end is the ``socketpair_b`` naming it as
     ``peer``; each end's bytes in flight are copied from the source's descriptor ``source_where``; an end bound to a
     name, ``path`` (an autobound abstract one: it had ``SO_PASSCRED``), is bound to it again), ``accepted``
@@ -85,6 +98,7 @@ class OpenFile(msgspec.Struct, frozen=True):
     groups: int = 0
     watches: tuple[InotifyWatch, ...] = ()  # an inotify instance's, by ascending descriptor number
     segment: Segment | None = None  # a SysV segment's
+    terminal: Terminal | None = None  # a pty master's
 
 
 class Watch(msgspec.Struct, frozen=True):
@@ -136,6 +150,8 @@ class ProcessPlan(msgspec.Struct):
     placeholder: bool = False
     maker: int = 0  # the placeholder that makes this process (0: its parent does)
     cgroup: str = ""  # its cgroup (v2) below the tree's pid 1's, "" for that one: the clone's is the same below its own
+    ctty: int = -1  # a session leader's controlling terminal: the ``pts`` object it takes (TIOCSCTTY) after setsid
+    foreground: int = -1  # a process group's leader: the ``pts`` object whose foreground group it makes its own
 
 
 class TreePlan(msgspec.Struct):
@@ -197,6 +213,12 @@ def render(plan: TreePlan) -> str:
             g = f.segment
             out.append(f"obj {f.oid} sysv {g.shmid} {g.key} {g.mode} {g.size} {g.uid} {g.gid} {f.source_pid} "
                        f"{f.source_where}")
+        elif f.kind == "ptmx" and f.terminal is not None:
+            t = f.terminal
+            out.append(f"obj {f.oid} ptmx {f.flags} {t.index} {int(t.packet)} {t.termios.hex()} {t.winsize.hex()} "
+                       f"{f.path}")
+        elif f.kind == "pts":
+            out.append(f"obj {f.oid} pts {f.peer} {f.flags} {f.path}")
         elif f.kind == "inherit":
             out.append(f"obj {f.oid} inherit {f.count}")
         elif f.kind == "inotify":
@@ -204,7 +226,7 @@ def render(plan: TreePlan) -> str:
             out += [f"inotify_watch {f.oid} {w.wd} {w.mask} {w.path}" for w in f.watches]
         else:
             raise ValueError(f"unknown open-file kind {f.kind!r}")
-        if f.kind not in ("file", "dir", "proc", "reopen") and f.flags:
+        if f.kind not in ("file", "dir", "proc", "reopen", "ptmx", "pts") and f.flags:
             out.append(f"flags {f.oid} {f.flags}")
     for p in plan.processes:
         out.append(f"proc {p.pid} {p.host_pid} {p.ppid} {p.sid} {p.pgid} {p.exit_signal} {p.uid} {p.gid}")
@@ -218,6 +240,10 @@ def render(plan: TreePlan) -> str:
             out.append(f"maker {p.pid} {p.maker}")
         if p.cgroup:
             out.append(f"cgroup_of {p.pid} {p.cgroup}")
+        if p.ctty >= 0:
+            out.append(f"ctty {p.pid} {p.ctty}")
+        if p.foreground >= 0:
+            out.append(f"foreground {p.pid} {p.foreground}")
     for p in plan.processes:
         out.append(f"cwd {p.pid} {p.cwd}")
         out += [f"thread {p.pid} {tid}" for tid in p.threads]

@@ -1,8 +1,9 @@
 """Reading a frozen process tree from /proc into a ``TreePlan``: its processes (pids, parents, sessions, process
 groups, credentials, cwd, rlimits, exit signals; zombies), threads, open files (which descriptors, in which processes,
-are one open file: ``kcmp``), pipes and their bytes in flight, eventfds, epolls and their interest lists, Unix sockets
-(``sockets.py``), TCP listeners and netlink sockets, shared memory (memfd, /dev/shm) and the mappings of it the clone
-must take from its own copy; a placeholder for each session whose leader is gone.
+are one open file: ``kcmp``), pipes and their bytes in flight, eventfds, epolls and their interest lists, ptys and
+controlling terminals (``terminals.py``), Unix sockets (``sockets.py``), TCP listeners and netlink sockets, shared
+memory (memfd, /dev/shm) and the mappings of it the clone must take from its own copy; a placeholder for each
+session whose leader is gone.
 
 Owns: ``read_tree`` and the refusals: anything the builder cannot reproduce faithfully raises ``TreeForkRefused``
 naming the process, the descriptor or mapping and what it is. Never a silently different clone.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from .. import syscalls
 from ..syscalls import same_open_file
+from . import terminals
 from .errors import TreeForkRefused
 from .inotify import inotify_watches, queued_bytes
 from .plan import SOCKET_PASSCRED, Descriptor, OpenFile, ProcessPlan, Remap, TreePlan, Watch
@@ -69,6 +71,8 @@ class _Reading:
     copies_in_use: set[int] = field(default_factory=set)  # copies already an open file of some descriptor
     mapped_files: dict[tuple[int, int], int] = field(default_factory=dict)  # files a mapping moves onto
     segments: dict[int, int] = field(default_factory=dict)  # SysV segments' copies, by id
+    masters: dict[int, int] = field(default_factory=dict)  # pty masters, by index
+    slaves: dict[int, int] = field(default_factory=dict)  # pty slaves, by index (one open file each)
     _ipc: Ipc | None = None
 
     def ipc(self, host_pid: int) -> Ipc:
@@ -144,6 +148,90 @@ def _pipe_objects(reading: _Reading, groups: list[list[_Fd]]) -> None:
         wid = reading.add(kind="pipe_w", flags=ends["w"][0].flags & STATUS_FLAGS, peer=rid)
         for fd in ends["w"]:
             fd.oid = wid
+
+
+def _terminal_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: int) -> None:
+    """Ptys of the tree's own devpts instance: a master is made again at the same index with its slave's termios,
+    window size and packet mode (nothing may be in flight either way), a slave is opened again at its path; a
+    slave whose master is outside the tree, a pty of another devpts instance (the host's), or a slave opened twice
+    (two open files of one end) is refused."""
+    devpts: int | None = None
+    masters, slaves = [], []
+    for group in groups:
+        head = group[0]
+        if head.oid >= 0 or not head.link.startswith("/dev/"):
+            continue
+        st = os.stat(f"/proc/{head.host_pid}/fd/{head.num}")
+        if not stat.S_ISCHR(st.st_mode):
+            continue
+        if terminals.is_master(st):
+            masters.append(group)
+        elif (index := terminals.slave_index(st.st_rdev)) is not None:
+            slaves.append((group, index, st.st_dev))
+    if masters or slaves:
+        devpts = terminals.devpts_of(init_host_pid)
+    for group in masters:
+        head = group[0]
+        master = terminals.read_master(head.host_pid, head.num, head.culprit)
+        if master.devpts != devpts:
+            raise TreeForkRefused(head.culprit, "a pty master of a devpts instance other than the tree's /dev/pts")
+        if master.queued_out or master.queued_in:
+            raise TreeForkRefused(head.culprit, f"a pty with bytes in flight ({master.queued_out} to its master, "
+                                                f"{master.queued_in} to its slave)")
+        oid = reading.add(kind="ptmx", path=inside(head.link, reading.root, head.culprit),
+                          flags=head.flags & ~os.O_CLOEXEC, terminal=master.terminal)
+        reading.masters[master.terminal.index] = oid
+        for fd in group:
+            fd.oid = oid
+    for group, index, dev in slaves:
+        head = group[0]
+        if dev != devpts:
+            raise TreeForkRefused(head.culprit, "a pty of a devpts instance other than the tree's /dev/pts")
+        if index not in reading.masters:
+            raise TreeForkRefused(head.culprit, "a pty whose master is outside the tree")
+        if index in reading.slaves:
+            raise TreeForkRefused(head.culprit, "a pty slave opened twice (two open files of it)")
+        oid = reading.slaves[index] = reading.add(kind="pts", path=f"/dev/pts/{index}", peer=reading.masters[index],
+                                                  flags=head.flags & ~os.O_CLOEXEC)
+        for fd in group:
+            fd.oid = oid
+
+
+def _controlling_terminals(reading: _Reading, processes: list[ProcessPlan], ttys: dict[int, tuple[int, int]],
+                           ns_of: dict[int, int]) -> None:
+    """Each session of the tree with a controlling terminal: its leader takes the clone's pty of the same index
+    (``ctty``), and the terminal's foreground process group's leader makes its group the foreground one again
+    (``foreground``). ``ttys``: each process's ``tty_nr`` and ``tpgid`` (host pids). A session led from outside the
+    tree's pid namespace keeps the builder's (as its number does); any other controlling terminal that is not a pty
+    of the tree is refused, as is a process whose controlling terminal is not its session's."""
+    by_pid = {p.pid: p for p in processes}
+    for p in processes:
+        if p.zombie or p.placeholder or p.sid == 0 or p.host_pid not in ttys:
+            continue
+        tty_nr, tpgid = ttys[p.host_pid]
+        leader = by_pid.get(p.sid)
+        culprit = f"pid {p.pid} ({p.comm})"
+        if leader is not None and leader.host_pid in ttys and ttys[leader.host_pid][0] != tty_nr:
+            raise TreeForkRefused(culprit, "a controlling terminal other than its session leader's")
+        if not tty_nr:
+            continue
+        major, minor = terminals.controlling_tty(tty_nr)
+        index = terminals.slave_index(os.makedev(major, minor))
+        if leader is None or leader.placeholder:
+            raise TreeForkRefused(culprit, f"a controlling terminal ({major}:{minor}) in session {p.sid}, whose "
+                                           "leader is gone")
+        if index is None or index not in reading.masters:
+            raise TreeForkRefused(culprit, f"a controlling terminal ({major}:{minor}) that is not a pty of the tree")
+        if index not in reading.slaves:  # nobody holds it open: made for its leader to take
+            reading.slaves[index] = reading.add(kind="pts", path=f"/dev/pts/{index}", peer=reading.masters[index],
+                                                flags=os.O_RDWR)
+        leader.ctty = reading.slaves[index]
+        if tpgid > 0 and ns_of.get(tpgid) != p.sid:
+            group = by_pid.get(ns_of.get(tpgid, 0))
+            if group is None or group.pgid != group.pid or group.sid != p.sid:
+                raise TreeForkRefused(culprit, f"its terminal's foreground process group (host pid {tpgid}) is not "
+                                               "led from inside its session")
+            group.foreground = reading.slaves[index]
 
 
 def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: int) -> None:
@@ -482,6 +570,7 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
     processes: list[ProcessPlan] = []
     ns_of: dict[int, int] = {}
     fds: list[_Fd] = []
+    ttys: dict[int, tuple[int, int]] = {}  # each process's controlling terminal and its foreground group
     for host_pid in walk(init_host_pid):
         st = init_status if host_pid == init_host_pid else status(host_pid)
         pid = last(st["NSpid"])
@@ -506,6 +595,7 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
             if tid != host_pid:
                 threads.append(last(status(host_pid, tid)["NSpid"]))
         ppid = int(st["PPid"])
+        ttys[host_pid] = int(stat_fields[4]), int(stat_fields[5])
         cwd = inside(os.readlink(f"/proc/{host_pid}/cwd"), reading.root, culprit)
         cgroup = cgroup_below(host_pid, init_host_pid, culprit)
         own = _read_fds(host_pid, pid)
@@ -519,6 +609,8 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
     groups = _inherited_objects(reading, _group_open_files(fds), inherit or {})
     _pipe_objects(reading, groups)
     _socket_objects(reading, groups, init_host_pid)
+    _terminal_objects(reading, groups, init_host_pid)
+    _controlling_terminals(reading, processes, ttys, ns_of)
     for group in groups:
         if group[0].oid < 0:
             oid = _file_object(reading, group)
