@@ -8,12 +8,15 @@
  * it copies, the files behind mappings to move), enters new mount, UTS, IPC
  * and network namespaces and the clone's root, creates the plan's open files
  * there (pipes with their bytes, files and directories at their offsets,
- * eventfds, epolls, copies of memfds and /dev/shm files, Unix socket pairs
+ * eventfds, epolls, copies of memfds and /dev/shm files, ptys (each at its
+ * source's index, with its termios and window size; slaves opened through
+ * their masters), Unix socket pairs
  * with their bytes, accepted connections, listeners, TCP listeners), and
  * starts the root helper as pid 1 of a new pid namespace, which joins the
  * clone's cgroup first and dies with the builder (PR_SET_PDEATHSIG). Each
  * helper creates its children with clone3() and set_tid (each keeps its pid),
- * takes its session and group, installs its descriptors at their numbers,
+ * takes its session and group (a session's leader its controlling terminal,
+ * a group's leader the terminal's foreground for its group), installs its descriptors at their numbers,
  * adds its epolls' entries with its own numbers, takes its cwd, rlimits and
  * credentials, starts a thread per extra source thread (each keeps its tid and
  * parks in BUNSHIN_IOC_GRAFT_THREAD) and grafts its source (BUNSHIN_IOC_GRAFT:
@@ -81,7 +84,7 @@
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
 		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK,
-		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV, OBJ_INHERIT };
+		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV, OBJ_INHERIT, OBJ_PTMX, OBJ_PTS };
 
 struct obj {
 	enum obj_kind kind;
@@ -109,6 +112,11 @@ struct obj {
 		gid_t gid;
 		void *at;
 	} sysv;
+	struct {		/* OBJ_PTMX: the pair's index, its slave's termios and window size, packet mode */
+		int index, packet;
+		unsigned char termios[64], winsize[8];
+		size_t termios_len;
+	} pty;
 };
 
 struct inotify_watch {
@@ -161,6 +169,8 @@ struct proc {
 	int status_r, status_w;	/* its helper reports a failure here; a hang-up before its graft: it died */
 	int pidfd;		/* the source's */
 	int session;		/* the /dev/bunshin this helper grafts on; the builder keeps it too */
+	int ctty;		/* a session leader's controlling terminal: an OBJ_PTS (or -1) */
+	int foreground;		/* a group leader's terminal whose foreground group its group is: an OBJ_PTS (or -1) */
 };
 
 static struct obj objs[MAX_OBJS];
@@ -326,6 +336,21 @@ static char *rest(char *line, int fields)
 	return strdup(p);
 }
 
+/* @hex (two digits a byte) into @out, at most @max bytes; returns how many */
+static size_t unhex(const char *hex, unsigned char *out, size_t max, const char *what)
+{
+	size_t n = 0;
+	unsigned int byte;
+
+	while (hex[0] && hex[1] && n < max && sscanf(hex, "%2x", &byte) == 1) {
+		out[n++] = byte;
+		hex += 2;
+	}
+	if (*hex)
+		die("plan: bad %s (hex, at most %zu bytes)", what, max);
+	return n;
+}
+
 #define GROW(arr, n) do { (arr) = realloc((arr), sizeof(*(arr)) * ((n) + 1)); \
 			  if (!(arr)) die("out of memory"); } while (0)
 
@@ -408,6 +433,22 @@ static void parse_obj(char *line)
 		o->src = open(path, O_RDONLY | O_CLOEXEC);
 		if (o->src < 0)
 			die("cannot open the source's SysV segment %s", path);
+	} else if (!strcmp(kind, "ptmx")) {
+		char termios[2 * sizeof(o->pty.termios) + 1], winsize[2 * sizeof(o->pty.winsize) + 1];
+
+		o->kind = OBJ_PTMX;
+		if (sscanf(line, "obj %*d ptmx %d %d %d %128s %16s", &o->flags, &o->pty.index, &o->pty.packet, termios,
+			   winsize) != 5 || o->pty.index < 0)
+			die("plan: bad ptmx: %s", line);
+		o->pty.termios_len = unhex(termios, o->pty.termios, sizeof(o->pty.termios), "termios");
+		if (unhex(winsize, o->pty.winsize, sizeof(o->pty.winsize), "window size") != sizeof(o->pty.winsize))
+			die("plan: bad window size: %s", line);
+		o->path = rest(line, 8);
+	} else if (!strcmp(kind, "pts")) {
+		o->kind = OBJ_PTS;
+		if (sscanf(line, "obj %*d pts %d %d", &o->peer, &o->flags) != 2)
+			die("plan: bad pts: %s", line);
+		o->path = rest(line, 5);
 	} else if (!strcmp(kind, "epoll")) {
 		o->kind = OBJ_EPOLL;
 	} else if (!strcmp(kind, "accepted")) {
@@ -490,6 +531,8 @@ static void parse_line(char *line)
 		p->pidfd = -1;
 		p->session = -1;
 		p->cgroup_fd = -1;
+		p->ctty = -1;
+		p->foreground = -1;
 	} else if (!strncmp(line, "groups ", 7)) {
 		sscanf(line, "groups %d", &pid);
 		p = proc_of(pid);
@@ -509,6 +552,10 @@ static void parse_line(char *line)
 		if (sscanf(line, "cgroup_of %d", &pid) != 1)
 			die("plan: bad cgroup_of: %s", line);
 		proc_of(pid)->cgroup_rel = rest(line, 2);
+	} else if (!strncmp(line, "ctty ", 5) || !strncmp(line, "foreground ", 11)) {
+		if (sscanf(line, "%*s %d %d", &pid, &a) != 2 || a < 0 || a >= nobjs || objs[a].kind != OBJ_PTS)
+			die("plan: bad %s (not a pty slave): %s", line[0] == 'c' ? "ctty" : "foreground", line);
+		*(line[0] == 'c' ? &proc_of(pid)->ctty : &proc_of(pid)->foreground) = a;
 	} else if (!strncmp(line, "placeholder ", 12)) {
 		if (sscanf(line, "placeholder %d", &pid) != 1)
 			die("plan: bad placeholder: %s", line);
@@ -969,6 +1016,20 @@ static void make_obj(int id)
 	case OBJ_INOTIFY:
 		o->fd = make_inotify(o);
 		break;
+	case OBJ_PTMX:	/* made before every other object: make_terminals() */
+		break;
+	case OBJ_PTS:
+		/* never anyone's controlling terminal by opening it: its session's leader takes it (TIOCSCTTY) */
+		if (o->peer < 0 || o->peer >= nobjs || objs[o->peer].kind != OBJ_PTMX || objs[o->peer].fd < 0)
+			die("plan: pts %d names no pty master", id);
+		/*
+		 * through its master (TIOCGPTPEER), as glibc's openpty() does: the open file gets the
+		 * source's flags exactly (an open() would add O_LARGEFILE, which no fcntl takes away)
+		 */
+		o->fd = ioctl(objs[o->peer].fd, TIOCGPTPEER, (o->flags & ~(O_CREAT | O_TRUNC | O_EXCL)) | O_NOCTTY);
+		if (o->fd < 0)
+			die("opening %s through its master", o->path);
+		break;
 	case OBJ_NETLINK: {
 		/* in the clone's network namespace, at the source's port id (unique there too) and groups */
 		struct sockaddr_nl addr = { .nl_family = AF_NETLINK, .nl_pid = o->nl_port,
@@ -983,13 +1044,62 @@ static void make_obj(int id)
 	}
 	}
 	o->fd = high(o->fd);
-	if (o->kind != OBJ_FILE && o->kind != OBJ_DIR && o->flags && fcntl(o->fd, F_SETFL, o->flags))
+	if (o->kind != OBJ_FILE && o->kind != OBJ_DIR && o->kind != OBJ_PTMX && o->kind != OBJ_PTS && o->flags &&
+	    fcntl(o->fd, F_SETFL, o->flags))
 		die("F_SETFL on object %d", id);
+}
+
+/*
+ * The pty masters, in the order of their indexes: the clone's devpts is a new instance, which hands
+ * out the lowest free index, so each is opened until it has its source's (the ones below it not in
+ * the plan are held by spares, closed once all are made); then unlocked, with its slave's termios,
+ * window size and packet mode.
+ */
+static void make_terminals(void)
+{
+	int spares[256], nspares = 0, unlock = 0, got, i;
+	struct obj *o;
+
+	for (;;) {
+		o = NULL;
+		for (i = 0; i < nobjs; i++)
+			if (objs[i].kind == OBJ_PTMX && objs[i].fd < 0 && (!o || objs[i].pty.index < o->pty.index))
+				o = &objs[i];
+		if (!o)
+			break;
+		for (;;) {
+			int fd = open(o->path, (o->flags & ~(O_CREAT | O_TRUNC | O_EXCL)) | O_NOCTTY);
+
+			if (fd < 0)
+				die("open %s", o->path);
+			if (ioctl(fd, TIOCGPTN, &got))
+				die("TIOCGPTN");
+			if (got == o->pty.index) {
+				o->fd = fd;
+				break;
+			}
+			if (got > o->pty.index || nspares == (int)(sizeof(spares) / sizeof(spares[0])))
+				die("pty %d cannot be had in the clone's devpts (it gave %d)", o->pty.index, got);
+			spares[nspares++] = fd;
+		}
+		if (ioctl(o->fd, TIOCSPTLCK, &unlock))
+			die("unlocking pty %d", o->pty.index);
+		if (o->pty.termios_len && ioctl(o->fd, TCSETS, o->pty.termios))
+			die("setting pty %d's termios", o->pty.index);
+		if (ioctl(o->fd, TIOCSWINSZ, o->pty.winsize))
+			die("setting pty %d's window size", o->pty.index);
+		if (o->pty.packet && ioctl(o->fd, TIOCPKT, &o->pty.packet))
+			die("setting pty %d's packet mode", o->pty.index);
+	}
+	while (nspares)
+		close(spares[--nspares]);
 }
 
 static void make_objs(void)
 {
 	int i;
+
+	make_terminals();
 
 	/* in three passes: what the others need (listeners), accepted connections, the far ends of pairs */
 	for (i = 0; i < nobjs; i++)
@@ -1216,8 +1326,22 @@ static void helper(struct proc *p)
 	if (p->sid == p->pid) {
 		if (setsid() < 0)
 			helper_fail(p, "setsid");
+		/* its controlling terminal, before any child: they are born in its session, with it */
+		if (p->ctty >= 0 && ioctl(objs[p->ctty].fd, TIOCSCTTY, 0))
+			helper_fail(p, "taking its controlling terminal (TIOCSCTTY)");
 	} else if (p->pgid && getpgid(0) != p->pgid && setpgid(0, p->pgid)) {
 		helper_fail(p, "setpgid");
+	}
+	if (p->foreground >= 0) {
+		/* its group, the terminal's foreground one (from the background: SIGTTOU blocked meanwhile) */
+		sigset_t ttou, old;
+
+		sigemptyset(&ttou);
+		sigaddset(&ttou, SIGTTOU);
+		sigprocmask(SIG_BLOCK, &ttou, &old);
+		if (tcsetpgrp(objs[p->foreground].fd, getpgrp()))
+			helper_fail(p, "making its group the terminal's foreground group");
+		sigprocmask(SIG_SETMASK, &old, NULL);
 	}
 	if (p->zombie) {
 		/* its parent reaps it as the source's would: with the same status, under the same name */

@@ -98,7 +98,7 @@ def layer_pool() -> Iterator[LayerStore]:
 def make_root(base: Path, snapshot_of: str | None, image: Path | None = None,
               binds: tuple[Path, ...] = ()) -> tuple[Path, list[Path]]:
     """A container root: read-only binds of /usr and /etc (the host's, or those of the workspace image ``image``)
-    and of ``binds`` at their path, /dev, /dev/shm, and a /tmp of its own: a new layer of the pool, or, for a
+    and of ``binds`` at their path, /dev, /dev/shm and /dev/pts of its own, and a /tmp of its own: a new layer of the pool, or, for a
     clone, a snapshot of the container ``snapshot_of``'s (the root's other entries of that container copied)."""
     assert _pool is not None, "make_root runs inside layer_pool()"
     root = base / "root"
@@ -126,6 +126,11 @@ def make_root(base: Path, snapshot_of: str | None, image: Path | None = None,
     (root / "dev" / "shm").mkdir(exist_ok=True)
     sys_.mount("shm", str(root / "dev" / "shm"), "tmpfs")
     mounts.append(root / "dev" / "shm")
+    # terminals: a devpts instance of its own (its ptys are not the guest's; /dev/ptmx opens the one beside it)
+    (root / "dev" / "pts").mkdir(exist_ok=True)
+    sys_.mount("devpts", str(root / "dev" / "pts"), "devpts", sys_.MS_NOSUID | sys_.MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620")
+    mounts.append(root / "dev" / "pts")
     if snapshot_of is not None:
         def sockets(d: str, names: list[str]) -> list[str]:  # and the binds' mount points
             return [n for n in names if stat.S_ISSOCK(os.lstat(f"{d}/{n}").st_mode) or os.path.ismount(f"{d}/{n}")]
@@ -498,6 +503,111 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
         if clone.build and not any(p.placeholder for p in clone.build.plan.processes):
             problems.append("the daemon's session was not made by a placeholder (is its leader still there?)")
     return problems
+
+
+def type_keys(box: Container, keys: bytes) -> None:
+    """Type ``keys`` into the terminal of ``box`` (``pty_app.py``: it reads /tmp/keys, whole, by rename), once it
+    has taken the keys typed before."""
+    deadline = time.monotonic() + 10
+    while box.path("/tmp/keys").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    box.path("/tmp/keys.new").write_bytes(keys)
+    box.path("/tmp/keys.new").rename(box.path("/tmp/keys"))
+
+
+def screen(box: Container) -> bytes:
+    """Everything the terminal of ``box`` has shown."""
+    return box.path("/tmp/screen").read_bytes() if box.path("/tmp/screen").exists() else b""
+
+
+def shows(box: Container, since: int, text: bytes, times: int = 1, timeout: float = 30.0) -> bool:
+    """Whether the terminal of ``box`` shows ``text`` (``times`` times) after its first ``since`` bytes, within
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while screen(box)[since:].count(text) < times:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def running(box: Container, comm: str) -> list[int]:
+    return [p for p in _tree(box.init) if _comm(p) == comm and _state(p) != "Z"]
+
+
+def workload_pty(args: argparse.Namespace) -> list[str]:
+    """A terminal (``pty_app.py``): pid 1 holds a pty's master, an interactive bash with job control runs on its
+    slave (the leader of a session the pty is the controlling terminal of), a job in the background (``sleep``)
+    and one in the foreground (``cat``: its process group the terminal's foreground group) when it is forked. The
+    clone's pty has the same index, termios and window size and nothing in flight (the oracle); what is typed into
+    the clone reaches the clone's cat only; Ctrl-C ends the clone's cat only (SIGINT goes to the clone terminal's
+    foreground group); the clone's bash then answers on /dev/pts/0 with its job still there; the source's terminal
+    is untouched and works on alike."""
+    problems: list[str] = []
+    with containers() as made:
+        source = start("pty", ["/usr/bin/python3", "/tmp/pty_app.py"], files=(args.pty_app,))
+        made.append(source)
+        if not shows(source, 0, b"$ "):
+            return [f"bash did not prompt in the source's terminal: {screen(source)[-500:]!r}"]
+        type_keys(source, b"stty cols 101 rows 33; sleep 1000 &\n")
+        if not shows(source, 0, b"$ ", times=2):
+            return [f"bash did not start its background job: {screen(source)[-500:]!r}"]
+        type_keys(source, b"cat\n")
+        deadline = time.monotonic() + 30
+        while not running(source, "cat") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # cat waits in read() on the terminal
+        clone, frozen_ms, attempts = fork_when_quiet(source, "pty-1", args.builder, made, thaw=False)
+        plan = clone.build.plan if clone.build else None
+        terminals = [f for f in plan.files if f.kind in ("ptmx", "pts")] if plan else []
+        ctty = [p.pid for p in plan.processes if p.ctty >= 0] if plan else []
+        foreground = [p.pid for p in plan.processes if p.foreground >= 0] if plan else []
+        say(f"forked in {frozen_ms:.0f} ms ({attempts} refused first): {[(f.kind, f.path) for f in terminals]}, "
+            f"controlling terminal of pid {ctty}, foreground group of pid {foreground}")
+        if sorted(f.kind for f in terminals) != ["ptmx", "pts"] or len(ctty) != 1 or len(foreground) != 1:
+            problems.append("the plan does not have the terminal, its session's leader and its foreground group")
+        problems += oracle(source, clone)
+        source.freeze(False)
+        clone.freeze(False)
+        s0, c0 = len(screen(source)), len(screen(clone))
+        type_keys(clone, b"from-the-clone\n")
+        if not shows(clone, c0, b"from-the-clone", times=2):  # the terminal's echo, then cat's copy
+            problems.append(f"the clone's cat did not copy what was typed: {screen(clone)[c0:][-300:]!r}")
+        type_keys(clone, b"\x03")
+        deadline = time.monotonic() + 15
+        while running(clone, "cat") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if running(clone, "cat"):
+            problems.append("Ctrl-C did not end the clone's cat (its terminal's foreground group is not cat's)")
+        if not running(source, "cat"):
+            problems.append("the source's cat ended with the clone's")
+        type_keys(clone, b"tty; jobs; echo clone-$((6*7))\n")
+        if not shows(clone, c0, b"clone-42"):
+            problems.append(f"the clone's bash did not answer: {screen(clone)[c0:][-300:]!r}")
+        said = screen(clone)[c0:]
+        say(f"the clone's terminal: {said[-160:]!r}")
+        if b"/dev/pts/0" not in said or b"sleep 1000" not in said:
+            problems.append(f"the clone's bash is not on /dev/pts/0 or lost its job: {said[-300:]!r}")
+        if b"from-the-clone" in screen(source)[s0:]:
+            problems.append("what was typed into the clone shows in the source's terminal")
+        type_keys(source, b"from-the-source\n")
+        if not shows(source, s0, b"from-the-source", times=2):
+            problems.append(f"the source's cat did not copy what was typed: {screen(source)[s0:][-300:]!r}")
+        type_keys(source, b"\x03")
+        type_keys_after(source, b"echo source-$((6*7))\n", lambda: not running(source, "cat"))
+        if not shows(source, s0, b"source-42"):
+            problems.append(f"the source's bash did not answer: {screen(source)[s0:][-300:]!r}")
+        if b"from-the-source" in screen(clone)[c0:]:
+            problems.append("what was typed into the source shows in the clone's terminal")
+    return problems
+
+
+def type_keys_after(box: Container, keys: bytes, ready: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Type ``keys`` once ``ready()`` holds (or ``timeout`` seconds passed: the check after it says what failed)."""
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    type_keys(box, keys)
 
 
 SHOP_PORT = 7770
@@ -1253,6 +1363,7 @@ def _outcomes(trajectories: Path) -> dict[tuple[str, int], tuple[str, float, str
 
 WORKLOADS: dict[str, Callable[[argparse.Namespace], list[str]]] = {"threads": workload_threads,
                                                                     "shell": workload_shell,
+                                                                    "pty": workload_pty,
                                                                     "sockets": workload_sockets,
                                                                     "webshop": workload_webshop,
                                                                     "channel": workload_channel,
@@ -1271,6 +1382,7 @@ def main() -> int:
     ap.add_argument("--images", help="the workspace image store (BUNSHIN_IMAGE_DIR)")
     ap.add_argument("--sockets-app", default=str(Path(__file__).resolve().parent / "sockets_app.py"))
     ap.add_argument("--shop-app", default=str(Path(__file__).resolve().parent / "shop_app.py"))
+    ap.add_argument("--pty-app", default=str(Path(__file__).resolve().parent / "pty_app.py"))
     ap.add_argument("--generations", type=int, default=1)
     ap.add_argument("--engine-backend", default="kmod", help="the engine workload's --backend")
     ap.add_argument("--reference", help="the engine workload's run made on the host (trajectories.jsonl)")

@@ -159,7 +159,7 @@ def _terminal_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid:
     masters, slaves = [], []
     for group in groups:
         head = group[0]
-        if head.oid >= 0 or not head.link.startswith("/dev/"):
+        if head.oid >= 0 or not head.link.startswith("/"):  # a path (as we see it: the tree's root before it)
             continue
         st = os.stat(f"/proc/{head.host_pid}/fd/{head.num}")
         if not stat.S_ISCHR(st.st_mode):
