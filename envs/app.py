@@ -146,7 +146,8 @@ class AppContext:
     def launch(self, name: str, argv: list[str], **options: Any) -> Any:
         """Start a long-lived program in the workspace as the agent user (a browser, a display server):
         ``runtime/app_processes.py``'s ``AppProcesses.start`` (descriptors at chosen numbers, private tmpfs
-        mounts, KSM opt-in). It is not forked with the workspace: a clone's app starts its own in ``after_fork``."""
+        mounts, KSM opt-in). It is not forked with the workspace: a clone's app starts its own in ``after_fork``
+        (but on the tree fork, ``--backend kmod``, which clones it with the rest: the clone keeps its copy)."""
         if self.launcher is None:
             raise WorkerError("only a workspace host's application can launch programs")
         return self.launcher(name, argv, **options)

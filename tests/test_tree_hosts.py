@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bunshin.envs import AppSpec, ForkFailed, RequestRefused, ToolCall, WorkspaceRuntime
-from bunshin.envs.runtime import await_points
+from bunshin.envs.runtime import await_points, image
 from bunshin.envs.runtime.fork import kmod
 from bunshin.envs.runtime.fork.kmod import BUILDER_ENV, tree_init
 from bunshin.envs.runtime.host_workspace import HostWorkspace
@@ -27,6 +27,7 @@ from .conftest import cancel_at, pool_layers
 KMOD = Path(__file__).resolve().parent.parent / "kmod"
 PROBE = AppSpec(target="tests.apps.probe:ProbeApp")
 SHOP = AppSpec(target="bunshin.envs.webshop.app:ShopApp", kwargs={"catalog_size": 200})
+LAUNCHER = AppSpec(target="tests.apps.launcher:LauncherApp")
 
 
 def shell(cmd: str) -> ToolCall:
@@ -92,6 +93,51 @@ async def test_the_tree_fork_reads_a_live_web_shop_workspace_without_a_refusal(m
     inherited = {f.count for f in plan.files if f.kind == "inherit"}
     assert {100, 101, 102} <= inherited
     await ws.close()
+
+
+@pytest.mark.asyncio
+async def test_an_application_process_runs_flat_in_a_cgroup_of_its_own_and_its_stop_takes_every_process(
+        make_runtime) -> None:
+    """On a tree-fork host a program an app launches (a browser, a display server) is in the host's PID and mount
+    namespaces (the tree fork reads one of each: the live workspace reads without a refusal), in a cgroup of its own
+    below the workspace's, its "tmpfs" path a directory of the workspace's files, the agent's; stopping it kills
+    what it started, the daemon that left its session too, and removes its cgroup."""
+    rt: WorkspaceRuntime = await make_runtime(backend="kmod")
+    ws = await rt.create(LAUNCHER)
+    assert isinstance(ws, HostWorkspace)
+    program = (await ws.execute(ToolCall(name="launched", args={}))).data["pid"]
+    deadline = time.monotonic() + 20
+    while len([p for p in walk(ws.pid) if _comm(p) == "sleep"]) < 2:  # the daemon is the host's once orphaned
+        assert time.monotonic() < deadline, states(ws.pid)
+        await asyncio.sleep(0.05)
+    host_program = next(p for p in walk(ws.pid) if last(status(p)["NSpid"]) == program)
+    ours = [p for p in _cgroup_procs(ws, "app-1")]
+    assert host_program in ours and len(ours) == 3, (ours, states(ws.pid))  # the program, its job, the daemon
+    for p in ours:
+        for kind in ("pid", "mnt"):
+            assert os.readlink(f"/proc/{p}/ns/{kind}") == os.readlink(f"/proc/{ws.pid}/ns/{kind}"), (p, kind)
+    cache = Path(f"/proc/{ws.pid}/root/tmp/launcher-cache")
+    assert cache.is_dir() and (cache / "log").read_text() == "started\n"
+    assert (cache.stat().st_uid, cache.stat().st_mode & 0o777) == (image.AGENT_UID, 0o700)
+    ws.cgroup.freeze(True)
+    try:
+        plan = read_tree(ws.pid, hostname="clone", inherit={(1, TREE_CHANNEL_FD): 100, (1, 1): 101,
+                                                            (1, TREE_CGROUP_FD): 102})
+    finally:
+        ws.cgroup.freeze(False)
+    assert {p.comm for p in plan.processes} >= {"sleep"}, [p.comm for p in plan.processes]
+    await ws.execute(ToolCall(name="stop", args={}))
+    assert [p for p in walk(ws.pid) if p != ws.pid] == [], states(ws.pid)
+    assert not any(d.exists() for d in ws.cgroup.child("app-1").dirs())
+    await ws.close()
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _cgroup_procs(ws: HostWorkspace, name: str) -> list[int]:
+    return [int(x) for x in (ws.cgroup.child(name).path("memory") / "cgroup.procs").read_text().split()]
 
 
 @pytest.mark.asyncio

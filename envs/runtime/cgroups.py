@@ -321,7 +321,9 @@ def kill_by_fds(hierarchy_fds: list[int], rel: str, timeout: float = 10.0) -> No
             pids = _procs_by_fd(fd, rel)
         except FileNotFoundError:
             continue
+        seen: set[int] = set()
         while pids:
+            seen.update(pids)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -333,6 +335,9 @@ def kill_by_fds(hierarchy_fds: list[int], rel: str, timeout: float = 10.0) -> No
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cgroup {rel}: {len(pids)} processes left after {timeout:g}s")
             pids = _procs_by_fd(fd, rel)
+        for pid in seen:  # gone from the group: exited, so a child of ours among them is a zombie to reap now
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         return
 
 

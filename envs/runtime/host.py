@@ -82,7 +82,7 @@ class Host:
         self.state_version = 0
         agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds,
                         namespace=not config.tree)
-        apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds)
+        apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds, cgroup_fds, config.cgroup_rel)
         self.state = ForkState(
             ws_id=config.ws_id, frozen=False, sock=sock,
             pool_fd=os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd), layer_fd=-1,
@@ -191,6 +191,7 @@ class Host:
         state.config = msgspec.structs.replace(state.config, ws_id=request.ws_id, layer=request.layer,
                                                cgroup_rel=request.cgroup_rel, seed=request.seed)
         state.agents.become_clones(request.cgroup_rel)
+        state.apps.become_clones(request.cgroup_rel)
         state.ctx.reseed(request.seed)
         self.state_version = 0
         return Ready(ws_id=request.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - started)
