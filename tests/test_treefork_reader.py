@@ -152,7 +152,6 @@ REFUSALS = {
         "p = f'/tmp/bunshin-tf-inotify-{os.getppid()}'; open(p, 'w').close(); os.unlink(p)", "fd", "events queued"),
     "a signalfd": ("import ctypes; m = (ctypes.c_ulong * 16)(); assert ctypes.CDLL(None).signalfd(-1, m, 0) >= 0", "fd",
                    "a signalfd"),
-    "a pidfd": ("os.pidfd_open(os.getpid())", "fd", "a pidfd"),
     "a pipe to outside": ("d = os.dup(1); os.dup2(d, 7); os.close(d)", "fd 7", "outside the tree"),
     "a device": ("os.open('/dev/tty0' if os.path.exists('/dev/tty0') else '/dev/kmsg', os.O_RDONLY)", "fd",
                  "a device"),
@@ -191,13 +190,34 @@ REFUSALS = {
     "a netlink socket with a reply in flight": (
         "import socket, struct; s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); s.bind((0, 0)); "
         "s.send(struct.pack('=IHHII', 32, 18, 0x301, 1, 0) + bytes(16))", "fd", "messages in flight"),
-    "an orphan in a session whose leader is alive": (
-        "r, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    b = os.fork()\n    if b == 0:\n"
+    "an orphan in a session whose leader is alive, made after it": (
+        "r, w = os.pipe()\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid()\n        b = os.fork()\n"
+        "        if b == 0:\n            if os.fork() == 0:\n"
+        "                n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.write(w, b'x')\n"
+        "                while True: time.sleep(1)\n            os._exit(0)\n        os.waitpid(b, 0)\n"
+        "        n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "        while True: time.sleep(1)\n"
+        "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 5",
+        "its leader is alive, not made before it"),
+    "an orphan in a session whose leader is its sibling with another exit signal": (
+        "import ctypes\nr, w = os.pipe()\n"
+        "if ctypes.CDLL(None).syscall(56, 10, 0, 0, 0, 0) == 0:  # clone(): exit signal SIGUSR1\n"
+        "    os.setsid()\n    b = os.fork()\n    if b == 0:\n"
         "        if os.fork() == 0:\n            n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.write(w, b'x')\n"
         "            while True: time.sleep(1)\n        os._exit(0)\n    os.waitpid(b, 0)\n"
         "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
-        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 4", "its leader is alive"),
+        "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)", "pid 4",
+        "its leader is alive with another parent or exit signal"),
 }
+
+# pid 2 leads a session; its grandchild (pid 4) is orphaned onto pid 1, pid 2's parent: a sibling of its leader
+ADOPTED_ORPHAN = (
+    "r, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    b = os.fork()\n    if b == 0:\n"
+    "        if os.fork() == 0:\n            n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.write(w, b'x')\n"
+    "            while True: time.sleep(1)\n        os._exit(0)\n    os.waitpid(b, 0)\n"
+    "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(r); os.close(w)\n"
+    "    while True: time.sleep(1)\nos.close(w); os.read(r, 1); os.close(r)")
 
 
 OWN_IPC = {"a SysV segment no process maps, in the tree's own IPC namespace",
@@ -295,6 +315,68 @@ def test_a_session_whose_leader_is_gone_gets_a_placeholder_that_makes_its_orphan
     text = render(plan)
     assert "placeholder 2\n" in text and "maker 3 2\n" in text
     assert text.index("proc 2 0 1 2 2 17") < text.index("proc 3 ")
+
+
+def test_a_pipe_end_closed_everywhere_is_planned_closed_and_its_bytes_in_flight_copied(tree: list[Tree]) -> None:
+    """A pipe whose write end nobody holds any more (a child told to write its address there, its parent done
+    reading: D-Bus's --print-address): the read end is planned with its bytes in flight, no write end; one held
+    outside the tree is still refused ("a pipe to outside")."""
+    t = python_tree(tree, "r, w = os.pipe(); os.write(w, b'left'); os.close(w)\nr2, w2 = os.pipe(); os.close(r2)")
+    plan = read_tree(t.init, hostname="box")
+    [reader, lone_writer] = [f for f in plan.files if f.kind == "pipe"]
+    assert reader.source_pid == t.init and reader.source_where.startswith("fd/")
+    assert lone_writer.source_pid == 0 and not lone_writer.source_where  # its read end closed: nothing to copy
+    [writer] = [f for f in plan.files if f.kind == "pipe_w"]
+    assert writer.peer == lone_writer.oid
+    held = {d.oid for d in plan.processes[0].descriptors}
+    assert reader.oid in held and writer.oid in held and lone_writer.oid not in held
+
+
+def test_a_pidfd_of_a_process_of_the_tree_is_planned_for_its_holder_to_open_on_the_clones_process(
+        tree: list[Tree]) -> None:
+    """GLib's child watch holds a pidfd of its child (at-spi-bus-launcher of its bus): planned by the pid the
+    process has in the tree's namespace (the clone's has the same), with PIDFD_NONBLOCK."""
+    t = python_tree(tree, "c = os.fork()\nif c == 0:\n    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n"
+                          "    while True: time.sleep(1)\np = os.pidfd_open(c, os.O_NONBLOCK); os.dup2(p, 9)")
+    plan = read_tree(t.init, hostname="box")
+    [pidfd] = [f for f in plan.files if f.kind == "pidfd"]
+    assert pidfd.count == 2 and pidfd.flags == os.O_NONBLOCK
+    assert {d.num for d in plan.processes[0].descriptors if d.oid == pidfd.oid} >= {9}
+    assert f"obj {pidfd.oid} pidfd 2 {os.O_NONBLOCK}\n" in render(plan)
+    assert describe(t.init)[1]["fds"][9][3] == ("pidfd", "2")
+
+
+PIDFD_REFUSALS = {
+    "of a process outside the tree": ("os.dup2(OUTSIDE, 9)", "a pidfd of a process outside the tree"),
+    "of a process that is gone": ("c = os.fork()\nif c == 0: os._exit(0)\np = os.pidfd_open(c); os.waitpid(c, 0)",
+                                  "a pidfd of a process that is gone"),
+    "open in two processes": ("p = os.pidfd_open(os.getpid())\nif os.fork() == 0:\n"
+                              "    n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n    while True: time.sleep(1)",
+                              "a pidfd open in two processes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PIDFD_REFUSALS))
+def test_a_pidfd_that_cannot_be_reproduced_is_refused(tree: list[Tree], case: str) -> None:
+    code, why = PIDFD_REFUSALS[case]
+    outside = os.pidfd_open(os.getpid())  # ours: a process outside every tree
+    try:
+        t = python_tree(tree, code.replace("OUTSIDE", str(outside)), pass_fds=(outside,))
+    finally:
+        os.close(outside)
+    with pytest.raises(TreeForkRefused, match=why):
+        read_tree(t.init, hostname="box")
+
+
+def test_an_orphan_its_parent_adopted_is_made_by_its_sessions_living_leader(tree: list[Tree]) -> None:
+    """D-Bus's activated services: a session member whose parent died, adopted by pid 1, the parent of the
+    session's leader too: the leader makes it (``CLONE_PARENT``), so it is pid 1's child in that session."""
+    t = python_tree(tree, ADOPTED_ORPHAN)
+    plan = read_tree(t.init, hostname="box")
+    procs = {p.pid: p for p in plan.processes}
+    assert (procs[4].ppid, procs[4].sid, procs[4].maker) == (1, 2, 2) and not procs[2].placeholder
+    assert [p.pid for p in plan.processes].index(2) < [p.pid for p in plan.processes].index(4)
+    assert "maker 4 2\n" in render(plan)
 
 
 def test_a_netlink_socket_is_planned_with_its_protocol_port_and_groups(tree: list[Tree]) -> None:

@@ -25,7 +25,9 @@
  * whose leader is gone from the source is started by a placeholder with the
  * leader's pid: it calls setsid(), makes the session's members with
  * CLONE_PARENT (they are its parent's children, as in the source) and exits;
- * its parent's helper reaps it before grafting. Each helper
+ * its parent's helper reaps it before grafting. A session member its parent
+ * adopted (its own parent died) while the session's leader, a sibling of it,
+ * lives is made alike by that leader's helper. Each helper
  * reports a failure on a status pipe of its own; its hang-up before its graft
  * means it died. BUNSHIN_TREEFORK_FAULT kills a named step (tests).
  *
@@ -84,7 +86,7 @@
 
 enum obj_kind { OBJ_NONE, OBJ_PIPE, OBJ_PIPE_W, OBJ_FILE, OBJ_DIR, OBJ_EVENTFD, OBJ_MEMFD, OBJ_SHM, OBJ_EPOLL,
 		OBJ_SOCKETPAIR, OBJ_SOCKETPAIR_B, OBJ_ACCEPTED, OBJ_UNIX_LISTEN, OBJ_UNIX, OBJ_TCP_LISTEN, OBJ_NETLINK,
-		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV, OBJ_INHERIT, OBJ_PTMX, OBJ_PTS };
+		OBJ_REOPEN, OBJ_INOTIFY, OBJ_PROC, OBJ_SYSV, OBJ_INHERIT, OBJ_PTMX, OBJ_PTS, OBJ_PIDFD };
 
 struct obj {
 	enum obj_kind kind;
@@ -145,7 +147,7 @@ struct proc {
 	pid_t host_pid;			/* the source's, in the builder's pid namespace */
 	int zombie;			/* made, then exits at once with exit_code (a wait status) */
 	int placeholder;		/* a gone session leader: starts the session, makes its members, exits */
-	pid_t maker;			/* the placeholder that makes it (with CLONE_PARENT), or 0: its parent */
+	pid_t maker;			/* who makes it with CLONE_PARENT (a placeholder, or its session's leader), or 0: its parent */
 	int exit_code;
 	char *comm;			/* a zombie's name (a grafted process takes its source's) */
 	char *cgroup_rel;		/* its cgroup below the clone's (NULL: the clone's own) */
@@ -444,6 +446,11 @@ static void parse_obj(char *line)
 		if (unhex(winsize, o->pty.winsize, sizeof(o->pty.winsize), "window size") != sizeof(o->pty.winsize))
 			die("plan: bad window size: %s", line);
 		o->path = rest(line, 8);
+	} else if (!strcmp(kind, "pidfd")) {
+		/* of the clone's process src_pid: opened by its holder's helper once that one is made */
+		o->kind = OBJ_PIDFD;
+		if (sscanf(line, "obj %*d pidfd %d %d", &o->src_pid, &o->flags) != 2 || o->src_pid <= 0)
+			die("plan: bad pidfd: %s", line);
 	} else if (!strcmp(kind, "pts")) {
 		o->kind = OBJ_PTS;
 		if (sscanf(line, "obj %*d pts %d %d", &o->peer, &o->flags) != 2)
@@ -561,8 +568,8 @@ static void parse_line(char *line)
 			die("plan: bad placeholder: %s", line);
 		proc_of(pid)->placeholder = 1;
 	} else if (!strncmp(line, "maker ", 6)) {
-		if (sscanf(line, "maker %d %d", &pid, &a) != 2 || !proc_of(a)->placeholder)
-			die("plan: bad maker (not a placeholder): %s", line);
+		if (sscanf(line, "maker %d %d", &pid, &a) != 2 || proc_of(a)->zombie)
+			die("plan: bad maker: %s", line);
 		proc_of(pid)->maker = a;
 	} else if (!strncmp(line, "cwd ", 4)) {
 		sscanf(line, "cwd %d", &pid);
@@ -883,6 +890,7 @@ static void make_obj(int id)
 	switch (o->kind) {
 	case OBJ_NONE:
 	case OBJ_PROC:	/* opened by its process's helper, in the clone's /proc */
+	case OBJ_PIDFD:	/* likewise, once the process it refers to is made */
 		return;
 	case OBJ_PIPE:
 		if (pipe2(ends, 0))
@@ -1115,6 +1123,34 @@ static void make_objs(void)
 	for (i = 0; i < nobjs; i++)
 		if (objs[i].src >= 0)
 			close(objs[i].src);
+}
+
+/*
+ * Every open file the builder made, once the clone has its own descriptors of them: a pipe's end,
+ * a socket, a pty or the caller's channel the builder kept would keep its peer from EOF or its
+ * hang-up when the clone closes its last descriptor (and an end no clone process has, a pipe's
+ * end whose source's is gone, is closed in the clone as in the source).
+ */
+static void close_objs(void)
+{
+	int i;
+
+	for (i = 0; i < nobjs; i++) {
+		struct obj *o = &objs[i];
+
+		/* the far end a pipe or socket pair keeps for the object that takes it, if none did */
+		if ((o->kind == OBJ_PIPE || o->kind == OBJ_SOCKETPAIR || o->kind == OBJ_ACCEPTED) && o->peer >= 0) {
+			close(o->peer);
+			o->peer = -1;
+		}
+		if (o->kind == OBJ_PIPE_W || o->kind == OBJ_SOCKETPAIR_B) {
+			o->fd = -1;	/* the far end, closed above with the object that made it */
+			continue;
+		}
+		if (o->fd >= 0)
+			close(o->fd);
+		o->fd = -1;
+	}
 }
 
 /* ---- entering the clone's namespaces and root ---- */
@@ -1377,11 +1413,26 @@ static void helper(struct proc *p)
 		if (procs[i].placeholder && (waitpid(child, &status, __WALL) != child || status))
 			helper_fail(p, "a session placeholder failed");
 	}
+	/* members of its session its parent adopted (their parent died): made with CLONE_PARENT */
+	for (i = 0; i < nprocs; i++)
+		if (procs[i].maker == p->pid && start_helper(&procs[i], 0) < 0)
+			helper_fail(p, "clone3 of a session member with its pid");
 	fault("helper", "children", p->pid, 0);
 
 	for (i = 0; i < p->nfds; i++) {
 		struct obj *o = &objs[p->fds[i].obj];
+		int waited;
 
+		if (o->kind == OBJ_PIDFD) {
+			/* the process is made by another helper, maybe not yet: wait for it (10 s at most) */
+			for (waited = 0; (o->fd = syscall(SYS_pidfd_open, o->src_pid, o->flags & O_NONBLOCK)) < 0 &&
+			     errno == ESRCH && waited < 10000; waited++)
+				usleep(1000);
+			if (o->fd < 0)
+				helper_fail(p, "pidfd_open of a process of the clone");
+			o->fd = high(o->fd);
+			continue;
+		}
 		if (o->kind != OBJ_PROC)
 			continue;
 		o->fd = open(o->path, o->flags & ~(O_CREAT | O_TRUNC | O_EXCL));
@@ -1656,6 +1707,7 @@ int main(void)
 		return 1;
 	}
 	detach_sysv();
+	close_objs();
 	printf("grafted %d %.3f\n", nprocs, (now_ns() - started_ns) / 1e6);
 	fault("builder", "grafted", getpid(), procs[0].host_pid);
 	if (hold) {

@@ -542,7 +542,8 @@ def workload_pty(args: argparse.Namespace) -> list[str]:
     clone's pty has the same index, termios and window size and nothing in flight (the oracle); what is typed into
     the clone reaches the clone's cat only; Ctrl-C ends the clone's cat only (SIGINT goes to the clone terminal's
     foreground group); the clone's bash then answers on /dev/pts/0 with its job still there; the source's terminal
-    is untouched and works on alike."""
+    is untouched and works on alike; once the clone's bash and its job are gone, the clone's terminal sees its pty
+    hang up and exits (nothing else, the builder neither, holds the slave)."""
     problems: list[str] = []
     with containers() as made:
         source = start("pty", ["/usr/bin/python3", "/tmp/pty_app.py"], files=(args.pty_app,))
@@ -599,6 +600,16 @@ def workload_pty(args: argparse.Namespace) -> list[str]:
             problems.append(f"the source's bash did not answer: {screen(source)[s0:][-300:]!r}")
         if b"from-the-source" in screen(clone)[c0:]:
             problems.append("what was typed into the source shows in the clone's terminal")
+        # the clone's bash and its job gone, the terminal reads EOF (EIO) and exits: nothing else holds the pty
+        type_keys(clone, b"kill %1; exit\n")
+        deadline = time.monotonic() + 20
+        while _state(clone.init) not in ("Z", "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _state(clone.init) not in ("Z", ""):
+            problems.append("the clone's terminal did not see its pty hang up after its bash exited (something "
+                            "else holds the pty's slave)")
+        if not running(source, "bash"):
+            problems.append("the source's bash exited with the clone's")
     return problems
 
 

@@ -87,6 +87,8 @@ def _fd_view(host_pid: int, num: int, root: str, names: dict[str, str], unix: di
             extra = _pipe_bytes(host_pid, num)
     elif link == "anon_inode:[eventfd]":
         extra = re.search(r"^eventfd-count:\s+(\S+)", info, re.M).group(1)  # type: ignore[union-attr]
+    elif link == "anon_inode:[pidfd]":  # the process it refers to, by its pid in its own namespace
+        extra = ("pidfd", re.search(r"^NSpid:.*?(-?\d+)$", info, re.M).group(1))  # type: ignore[union-attr]
     elif link == "anon_inode:[eventpoll]":
         extra = sorted(re.findall(r"^tfd:\s+(\d+)\s+events:\s+(\S+)\s+data:\s+(\S+)", info, re.M))
     elif link == "anon_inode:inotify":

@@ -72,6 +72,8 @@ class OpenFile(msgspec.Struct, frozen=True):
     if any), ``tcp_listen`` (family ``peer``, address ``path``, port ``count``), ``netlink`` (type ``count``,
     ``protocol``, bound to port id ``port`` and multicast ``groups``, made again in the clone's network namespace),
     ``proc`` (a /proc file at ``path``, opened like ``file`` but by its process's helper, in the clone's /proc),
+    ``pidfd`` (of the clone's process ``count``, opened by its holder's helper once that process is made, with
+    ``flags``: ``PIDFD_NONBLOCK``),
     ``inotify`` (its ``watches`` added again in order, each with its source's descriptor number), ``reopen`` (the
     copy ``peer`` opened again, with access mode and status ``flags``, at ``offset``: another open file of it).
     A ``shm`` copy with ``count`` 1 is also how a deleted file (a "ghost") is made again: created at its path,
@@ -148,7 +150,7 @@ class ProcessPlan(msgspec.Struct):
     # number starts it (setsid), makes its members with CLONE_PARENT (so they are its parent's children, as in the
     # source), exits and is reaped by its parent's helper before the graft; nothing of it is left in the clone
     placeholder: bool = False
-    maker: int = 0  # the placeholder that makes this process (0: its parent does)
+    maker: int = 0  # who makes this process with CLONE_PARENT: a placeholder or its session's leader (0: its parent)
     cgroup: str = ""  # its cgroup (v2) below the tree's pid 1's, "" for that one: the clone's is the same below its own
     ctty: int = -1  # a session leader's controlling terminal: the ``pts`` object it takes (TIOCSCTTY) after setsid
     foreground: int = -1  # a process group's leader: the ``pts`` object whose foreground group it makes its own
@@ -219,6 +221,8 @@ def render(plan: TreePlan) -> str:
                        f"{f.path}")
         elif f.kind == "pts":
             out.append(f"obj {f.oid} pts {f.peer} {f.flags} {f.path}")
+        elif f.kind == "pidfd":
+            out.append(f"obj {f.oid} pidfd {f.count} {f.flags}")
         elif f.kind == "inherit":
             out.append(f"obj {f.oid} inherit {f.count}")
         elif f.kind == "inotify":
@@ -226,7 +230,7 @@ def render(plan: TreePlan) -> str:
             out += [f"inotify_watch {f.oid} {w.wd} {w.mask} {w.path}" for w in f.watches]
         else:
             raise ValueError(f"unknown open-file kind {f.kind!r}")
-        if f.kind not in ("file", "dir", "proc", "reopen", "ptmx", "pts") and f.flags:
+        if f.kind not in ("file", "dir", "proc", "reopen", "ptmx", "pts", "pidfd") and f.flags:
             out.append(f"flags {f.oid} {f.flags}")
     for p in plan.processes:
         out.append(f"proc {p.pid} {p.host_pid} {p.ppid} {p.sid} {p.pgid} {p.exit_signal} {p.uid} {p.gid}")

@@ -39,7 +39,7 @@ STATELESS_DEVICES = {(1, 3): "/dev/null", (1, 5): "/dev/zero", (1, 7): "/dev/ful
                      (1, 9): "/dev/urandom"}
 STATUS_FLAGS = os.O_APPEND | os.O_NONBLOCK | os.O_DIRECT | os.O_NOATIME | 0o20000  # O_ASYNC
 UNSUPPORTED_ANON = {"[timerfd]": "a timerfd", "[signalfd]": "a signalfd",
-                    "[io_uring]": "an io_uring", "[fanotify]": "a fanotify group", "[pidfd]": "a pidfd",
+                    "[io_uring]": "an io_uring", "[fanotify]": "a fanotify group",
                     "[userfaultfd]": "a userfaultfd", "bpf-map": "a BPF map", "bpf-prog": "a BPF program",
                     "[perf_event]": "a perf event"}
 
@@ -71,6 +71,7 @@ class _Reading:
     copies_in_use: set[int] = field(default_factory=set)  # copies already an open file of some descriptor
     mapped_files: dict[tuple[int, int], int] = field(default_factory=dict)  # files a mapping moves onto
     segments: dict[int, int] = field(default_factory=dict)  # SysV segments' copies, by id
+    tree: dict[int, int] = field(default_factory=dict)  # the tree's processes: pid in its namespace, by host pid
     masters: dict[int, int] = field(default_factory=dict)  # pty masters, by index
     slaves: dict[int, int] = field(default_factory=dict)  # pty slaves, by index (one open file each)
     _ipc: Ipc | None = None
@@ -125,7 +126,8 @@ def _group_open_files(fds: list[_Fd]) -> list[list[_Fd]]:
 
 
 def _pipe_objects(reading: _Reading, groups: list[list[_Fd]]) -> None:
-    """Pipes: one new pipe per source pipe, its bytes in flight copied from the source's read end."""
+    """Pipes: one new pipe per source pipe, its bytes in flight copied from the source's read end; an end no
+    process has (closed: not held outside the tree either) is made and closed in the clone too."""
     pipes: dict[str, dict[str, list[_Fd]]] = {}
     for group in groups:
         head = group[0]
@@ -135,19 +137,44 @@ def _pipe_objects(reading: _Reading, groups: list[list[_Fd]]) -> None:
             if end in ends:
                 raise TreeForkRefused(head.culprit, "a pipe end opened twice (two open files of one end)")
             ends[end] = group
-    for ends in pipes.values():
+    tree = {fd.host_pid for group in groups for fd in group}
+    for link, ends in pipes.items():
         if set(ends) != {"r", "w"}:
             some = next(iter(ends.values()))[0]
             missing = "read" if "r" not in ends else "write"
-            raise TreeForkRefused(some.culprit, f"the pipe's {missing} end is outside the tree")
-        reader = ends["r"][0]
-        rid = reading.add(kind="pipe", flags=reader.flags & STATUS_FLAGS, pipe_size=_pipe_size(reader),
-                          source_pid=reader.host_pid, source_where=f"fd/{reader.num}")
-        for fd in ends["r"]:
+            if _held_outside(link, tree):
+                raise TreeForkRefused(some.culprit, f"the pipe's {missing} end is outside the tree")
+            # closed everywhere (a child given a pipe to write its address to, its parent done reading): the
+            # clone's is made and closed too (the builder closes what no clone process has)
+        reader = ends.get("r", ends.get("w"))[0]  # type: ignore[index]
+        rid = reading.add(kind="pipe", flags=reader.flags & STATUS_FLAGS if "r" in ends else 0,
+                          pipe_size=_pipe_size(reader), source_pid=reader.host_pid if "r" in ends else 0,
+                          source_where=f"fd/{reader.num}" if "r" in ends else "")
+        for fd in ends.get("r", []):
             fd.oid = rid
-        wid = reading.add(kind="pipe_w", flags=ends["w"][0].flags & STATUS_FLAGS, peer=rid)
-        for fd in ends["w"]:
-            fd.oid = wid
+        if "w" in ends:
+            wid = reading.add(kind="pipe_w", flags=ends["w"][0].flags & STATUS_FLAGS, peer=rid)
+            for fd in ends["w"]:
+                fd.oid = wid
+
+
+def _held_outside(link: str, tree: set[int]) -> bool:
+    """Whether a process outside the tree (``tree``: its host pids) has a descriptor of ``link`` ("pipe:[N]"):
+    every process's descriptors are looked at (only when a pipe's end is missing from the tree)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in tree:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") == link:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _terminal_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: int) -> None:
@@ -361,6 +388,14 @@ def _file_object(reading: _Reading, group: list[_Fd]) -> int:
             return reading.add(kind="eventfd", count=count, flags=head.flags & STATUS_FLAGS)
         if what == "[eventpoll]":
             return reading.add(kind="epoll", flags=head.flags & STATUS_FLAGS)
+        if what == "[pidfd]":  # opened again by its process's helper, on the clone's process of the same pid
+            target = int(re.search(r"^Pid:\s+(-?\d+)", head.info, re.M).group(1))  # type: ignore[union-attr]
+            if target not in reading.tree:
+                raise TreeForkRefused(head.culprit, "a pidfd of a process outside the tree" if target > 0 else
+                                      "a pidfd of a process that is gone")
+            if len({fd.host_pid for fd in group}) > 1:
+                raise TreeForkRefused(head.culprit, "a pidfd open in two processes (not reproduced)")
+            return reading.add(kind="pidfd", count=reading.tree[target], flags=head.flags & os.O_NONBLOCK)
         if what == "inotify":
             queued = queued_bytes(head.host_pid, head.num)
             if queued:
@@ -606,6 +641,7 @@ def read_tree(init_host_pid: int, hostname: str = "", inherit: Mapping[tuple[int
             groups=[int(g) for g in st["Groups"].split()], cwd=cwd, threads=threads, descriptors=[],
             remaps=[], rlimits=_rlimits(host_pid), comm=st["Name"], cgroup=cgroup))
     processes = _place_sessions(processes)
+    reading.tree = dict(ns_of)
     groups = _inherited_objects(reading, _group_open_files(fds), inherit or {})
     _pipe_objects(reading, groups)
     _socket_objects(reading, groups, init_host_pid)
@@ -677,7 +713,8 @@ def _place_sessions(processes: list[ProcessPlan]) -> list[ProcessPlan]:
     """The processes in an order the builder can make their sessions and process groups in: a process is its
     session's leader or in its parent's session, or in a session whose leader is gone from the source (a daemon's
     double fork), which a placeholder process with the session's number starts for it (inserted before it, made by
-    its parent; see ``ProcessPlan.placeholder``). A process group's leader is built before its members, in the same
+    its parent; see ``ProcessPlan.placeholder``), or in the session of a sibling that leads it (its parent adopted
+    it when its own died: D-Bus's activated services), which makes it with ``CLONE_PARENT`` (``maker``). A process group's leader is built before its members, in the same
     session. A session or group numbered 0 is led from outside the tree's pid namespace: the clone's is the
     builder's, inherited alike."""
     taken = {p.pid for p in processes} | {t for p in processes for t in p.threads}
@@ -688,10 +725,16 @@ def _place_sessions(processes: list[ProcessPlan]) -> list[ProcessPlan]:
         culprit = f"pid {p.pid} ({p.comm})"
         if p.sid not in (0, p.pid) and parent is not None and parent.sid != p.sid:
             holder = built.get(p.sid)
-            if (holder is None and p.sid in taken) or (holder is not None and not holder.placeholder):
+            if holder is not None and not holder.placeholder:
+                # its parent adopted it, and its session's leader is alive: a sibling of it, which makes it
+                if holder.zombie or (holder.ppid, holder.exit_signal) != (p.ppid, p.exit_signal):
+                    raise TreeForkRefused(culprit, f"in session {p.sid}, neither its own nor its parent's "
+                                                   f"({parent.sid}), and its leader is alive with another parent "
+                                                   "or exit signal")
+            elif holder is None and p.sid in taken:
                 raise TreeForkRefused(culprit, f"in session {p.sid}, neither its own nor its parent's "
-                                               f"({parent.sid}), and its leader is alive")
-            if holder is None:
+                                               f"({parent.sid}), and its leader is alive, not made before it")
+            elif holder is None:
                 holder = ProcessPlan(pid=p.sid, host_pid=0, ppid=p.ppid, sid=p.sid, pgid=p.sid,
                                      exit_signal=p.exit_signal, uid=0, gid=0, groups=[], cwd="/", threads=[],
                                      descriptors=[], remaps=[], rlimits={}, comm="session", placeholder=True)
