@@ -451,6 +451,18 @@ while true; do sleep 1; done
 """
 
 
+def _daemon_adopted(box: Container) -> bool:
+    """Whether a child of ``box``'s pid 1 is in a session whose leader is gone (the shell workload's daemon, once
+    the ``sh`` that started its session has exited)."""
+    for pid in _tree(box.init):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ppid, sid = int(fields[1]), int(fields[3])
+            if ppid == box.init and sid not in (pid, 0) and not Path(f"/proc/{sid}").exists():
+                return True
+    return False
+
+
 def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -464,6 +476,9 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
         source = start("shell", ["/bin/sh", "-c", SHELL_SCRIPT])
         made.append(source)
         time.sleep(1.5)
+        deadline = time.monotonic() + 60  # the daemon's session leader gone (slow under TCG beside other jobs)
+        while not _daemon_adopted(source) and time.monotonic() < deadline:
+            time.sleep(0.1)
         job = int(source.path("/tmp/job").read_text())
         job_host = next(p for p in _tree(source.init) if _ns_pid(p) == job)
         (source.cgroup / "jobs").mkdir()  # the background job in a cgroup below the shell's, as an agent's is
