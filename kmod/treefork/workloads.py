@@ -1316,7 +1316,7 @@ def workload_engine(args: argparse.Namespace) -> list[str]:
     if not verdict.get("available"):
         problems.append(f"bunshin doctor says the kmod backend cannot run here: {verdict or doctor.stderr[-500:]}")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *ENGINE_RUN, "--backend",
+    proc = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *engine_run(args), "--backend",
                            args.engine_backend, "--out", str(out), "--prefix-cache", "--speculate", "--spec-train",
                            args.reference], env=env, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
@@ -1327,8 +1327,8 @@ def workload_engine(args: argparse.Namespace) -> list[str]:
         f"rate {summary['success_rate']:.2f}, steps {steps}; speculation {spec}")
     outcomes = _outcomes(out / "trajectories.jsonl")
     errors = [error for _, _, error in outcomes.values() if error]
-    if summary["failed"] or summary["rollouts"] != ENGINE_ROLLOUTS:
-        problems.append(f"{summary['failed']} of {summary['rollouts']} rollouts failed (of {ENGINE_ROLLOUTS}); the "
+    if summary["failed"] or summary["rollouts"] != len(reference):
+        problems.append(f"{summary['failed']} of {summary['rollouts']} rollouts failed (of {len(reference)}); the "
                         f"first error: {errors[:1]}")
     if not (steps["cached"] > 0 and spec.get("speculated", 0) > 0):
         problems.append(f"no step served from the cache ({steps['cached']}) or no branch started "
@@ -1369,7 +1369,12 @@ def _first_difference(reference: Path, ours: Path, key: tuple[str, int]) -> str:
 # (the policy's reasoning at half its modelled time: under TCG a prediction at 0.05 came after its decision)
 ENGINE_RUN = ["--suite", "webshop", "--limit", "3", "--group-size", "3", "--concurrency", "1", "--max-steps", "12",
               "--seed", "0", "--time-scale", "0.5"]
-ENGINE_ROLLOUTS = 9
+
+
+def engine_run(args: argparse.Namespace) -> list[str]:
+    """The engine workload's ``bunshin eval`` arguments: ``ENGINE_RUN``, or ``--engine-run`` (comma-separated:
+    it travels through the guest's init script)."""
+    return args.engine_run.split(",") if args.engine_run else ENGINE_RUN
 
 
 def _outcomes(trajectories: Path) -> dict[tuple[str, int], tuple[str, float, str]]:
@@ -1412,11 +1417,13 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=1)
     ap.add_argument("--engine-backend", default="kmod", help="the engine workload's --backend")
     ap.add_argument("--reference", help="the engine workload's run made on the host (trajectories.jsonl)")
+    ap.add_argument("--engine-run", help="the engine workload's eval arguments instead of ENGINE_RUN, comma-separated "
+                                         "(--suite,osworld,--limit,1,...)")
     ap.add_argument("--make-reference", metavar="DIR",
                     help="make the engine workload's reference on this host (the userspace fork) in DIR, and exit")
     args = ap.parse_args()
     if args.make_reference:
-        return subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *ENGINE_RUN, "--backend", "cow",
+        return subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", *engine_run(args), "--backend", "cow",
                                "--out", args.make_reference], capture_output=True).returncode
     WORK.mkdir(parents=True, exist_ok=True)
     try:
