@@ -70,8 +70,8 @@ class NeedsLiveFork(BadRequest):
 
     def __init__(self, suite: str, mode: str):
         super().__init__(f"suite {suite}: {mode} forks workspaces mid-trajectory, and a {suite} workspace cannot be "
-                         "forked live (its programs are multi-threaded; the kernel tree fork, docs/kmod.md, is what "
-                         "will carry them); run it without")
+                         "forked live by this backend (its programs are multi-threaded); run it without, or on the "
+                         "tree fork (--backend kmod, docs/kmod.md), which carries them")
         self.suite, self.mode = suite, mode
 
 

@@ -35,6 +35,7 @@ import msgspec
 from bunshin.envs import Limits, WorkspaceRuntime, derive_seed
 from bunshin.envs.records import Observation, ToolCall
 from bunshin.envs.runtime import await_points
+from bunshin.envs.runtime.fork.registry import forks_live
 from bunshin.envs.runtime.task_scope import TaskScope
 from bunshin.envs.suites.base import Suite, SuiteTask
 from bunshin.envs.workspace import Workspace
@@ -90,7 +91,8 @@ class RolloutEngine:
         default). The slots are the run's memory: every figure of the run includes them."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        if not suite.forks_live and (prefix is not None or speculation is not None):
+        self.forks_live = forks_live(suite.forks_live, backend)  # a desktop does on the tree fork
+        if not self.forks_live and (prefix is not None or speculation is not None):
             raise NeedsLiveFork(suite.name, "the prefix cache" if prefix is not None else "speculation")
         self.suite, self.policy, self.backend = suite, policy, backend
         self.concurrency, self.memory_budget = concurrency, memory_budget
@@ -340,7 +342,7 @@ class RolloutEngine:
             if task is None:
                 raise UnknownTask(request.task.task_id, self.suite.name)
             seed = derive_seed(request.seed, task.id, "base")
-            if not self.suite.forks_live:
+            if not self.forks_live:
                 pool = SetUpPool(self.runtime, self.suite, task, size=request.group_size, seed=seed,
                                  setup_timeout_s=self.setup_timeout_s)
                 try:

@@ -75,3 +75,16 @@ async def test_the_prefix_cache_and_speculation_are_refused_for_a_suite_that_doe
                          ({"speculation": SpecSettings()}, "speculation")):
         with pytest.raises(NeedsLiveFork, match=f"suite counter: the {mode}|suite counter: {mode}"):
             _engine(UnforkableCounter(), tmp_path, **kwargs)
+
+
+async def test_on_the_tree_fork_such_a_suite_forks_its_base_and_may_cache_and_speculate(tmp_path: Path) -> None:
+    """The tree fork (``--backend kmod``) carries an application's programs, a real desktop's too: the groups fork
+    their base as any suite's do, and the prefix cache and speculation are allowed."""
+    suite = UnforkableCounter()
+    async with _engine(suite, tmp_path, backend="kmod") as engine:
+        results = await engine.run(engine.requests(["t0"], group_size=3, seed=7))
+    assert all(r.trajectory.status is Status.OK for r in results)
+    assert not any(r.trajectory.lineage[0].startswith("setup-pool:") for r in results)
+    assert len(suite.started) == 1  # the base, set up once and forked for every sample
+    for kwargs in ({"prefix": PrefixSettings()}, {"speculation": SpecSettings()}):
+        assert _engine(UnforkableCounter(), tmp_path, backend="kmod", **kwargs).forks_live

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bunshin.envs.runtime.fork.registry import forks_live
 from bunshin.envs.suites.base import Suite
 from bunshin.policies.scripted import ScriptedPolicy
 
@@ -55,7 +56,7 @@ class Config:
     def name(self) -> str:
         """The backend, or ``setup-pool`` for a suite that does not fork live (every sample's workspace is made
         and set up on its own: the backend forks nothing); ``+ksm`` with KSM."""
-        how = self.backend if self.suite.forks_live else "setup-pool"
+        how = self.backend if forks_live(self.suite.forks_live, self.backend) else "setup-pool"
         return f"{how}+ksm" if self.ksm else how
 
 

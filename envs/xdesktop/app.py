@@ -139,8 +139,9 @@ class XDesktopApp(WorkspaceApp):
         return self.guest.take(out, MAX_TREE).decode("utf-8", "replace")
 
     def before_fork(self, ctx: AppContext) -> None:
-        raise ToolError("a workspace with a real desktop cannot be forked live (its programs are multi-threaded "
-                        "and an X server); the osworld suite forks by replaying the calls")
+        raise ToolError("a workspace with a real desktop cannot be forked live by this backend (its programs are "
+                        "multi-threaded and an X server); the tree fork (--backend kmod) forks it, every program "
+                        "of it")
 
     def close(self) -> None:
         if self.session is not None:

@@ -6,8 +6,9 @@ with ``lenient``: each file that cannot run here is set aside with its reason, `
 embedded tasks' files in the files cache, the agent's action language (OSWorld's ``pyautogui`` action space: Python
 code, or ``WAIT``/``DONE``/``FAIL``), the task's set-up (``start``) and its score (``evaluate``), and both judges'
 scores side by side (``judge_all``, what ``bunshin suite check`` compares).
-A desktop workspace cannot be forked live (``XDesktopApp.before_fork``): ``forks_live`` is False, so every sample
-gets a workspace of its own set up from the task (docs/osworld.md).
+A desktop workspace cannot be forked live by the userspace fork (``XDesktopApp.before_fork``): ``forks_live`` is
+False, so every sample gets a workspace of its own set up from the task (docs/osworld.md); the tree fork
+(``--backend kmod``) forks it live, every program of it (``fork/registry.py``'s ``forks_live``).
 Must never: score with a judge the user did not get: ``judge="osworld"`` without the extra raises at construction.
 """
 

@@ -9,7 +9,8 @@ which can run here).
 - ``restore`` (``restore.py``): the private-restore baseline. The source dumps every process's state once per
   state; fresh hosts read the dump back into private memory, as CRIU's restore does.
 
-Owns: ``BACKENDS`` (the names), checking a name, and making a run's backend. A new backend is a module of this
+Owns: ``BACKENDS`` (the names), checking a name, making a run's backend, and which backends carry an application's
+programs (``forks_live``). A new backend is a module of this
 package implementing ``ForkBackend`` (``backends.py``), listed here.
 Must never: be imported by a backend (they depend on ``backends.py`` only).
 """
@@ -26,6 +27,16 @@ from .restore import PrivateRestore
 
 _MAKERS: dict[str, Callable[[Hosts], ForkBackend]] = {"cow": CowFork, "restore": PrivateRestore, "kmod": KmodFork}
 BACKENDS = tuple(_MAKERS)
+
+
+# the backends that fork every process of a workspace, its application's programs too (a browser, an X desktop):
+# on them every suite forks live, whatever ``Suite.forks_live`` says of the userspace fork
+CARRIES_PROGRAMS = frozenset({"kmod"})
+
+
+def forks_live(suite_forks_live: bool, backend: str) -> bool:
+    """Whether a suite's workspaces fork live on ``backend``."""
+    return suite_forks_live or check_backend(backend) in CARRIES_PROGRAMS
 
 
 def check_backend(name: str) -> str:
