@@ -173,6 +173,8 @@ class KmodFork(AllOrNothingFork):
                 inherit.update({(1, TREE_CGROUP_FD + i): n for i, n in enumerate(numbers[2:])})
                 plan = await asyncio.to_thread(read_tree, init, f"ws-{clone_id}", inherit)
                 plan.root, plan.cgroup = str(hosts.run.run_dir / "roots" / clone_id), str(group.path("memory"))
+                # the source's cgroups below its own (its agents', its programs'), the clone's below its own
+                await asyncio.to_thread(lambda: [group.child(below).create() for below in plan.cgroups])
                 await asyncio.to_thread(self._until_grafted, build, plan)
             except BaseException:
                 await asyncio.shield(self._kill_builder(build))
