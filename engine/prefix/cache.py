@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -39,6 +40,7 @@ from .node import Namespace, Node, State
 from .settings import PrefixSettings
 from .tree import Admission, ForkHot, PrefixTree, RestoreCold, SetUp
 
+log = logging.getLogger(__name__)
 Setup = Callable[[SuiteTask, int], Awaitable[tuple[Workspace, Observation]]]
 MIN_HOT_BYTES = 1 << 20
 MEASURE_EVERY_S = 2.0
@@ -179,7 +181,9 @@ class PrefixCache:
         handle: Workspace = node.hot.handle  # type: ignore[assignment]
         try:
             ws = await handle.fork(seed=seed)
-        except Exception:
+        except Exception as exc:
+            log.warning("prefix tree: the snapshot of node %s broke, dropped: %s: %s", node.id, type(exc).__name__,
+                        exc)
             self.counts["broken_snapshots"] += 1
             if node.hot is not None and node.hot.handle is handle:
                 self.tree.drop_hot(node)

@@ -1328,8 +1328,11 @@ def workload_engine(args: argparse.Namespace) -> list[str]:
     outcomes = _outcomes(out / "trajectories.jsonl")
     errors = [error for _, _, error in outcomes.values() if error]
     if summary["failed"] or summary["rollouts"] != len(reference):
+        warnings = [line for line in proc.stderr.splitlines()
+                    if any(w in line for w in ("WARNING", "Error", "broke", "refused", "failed"))][-6:]
         problems.append(f"{summary['failed']} of {summary['rollouts']} rollouts failed (of {len(reference)}); the "
-                        f"first error: {errors[:1]}")
+                        f"first error: {errors[:1]}; prefix tree {summary.get('prefix')}; the run's last warnings: "
+                        f"{warnings}")
     if not (steps["cached"] > 0 and spec.get("speculated", 0) > 0):
         problems.append(f"no step served from the cache ({steps['cached']}) or no branch started "
                         f"({spec.get('speculated')}): the prefix tree and speculation did not fork")
