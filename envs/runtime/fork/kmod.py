@@ -52,6 +52,7 @@ BUILDER_ENV = "BUNSHIN_TREEFORK_BUILDER"  # the builder's path, when it is not o
 DEVICE = "/dev/bunshin"
 FREEZE_TIMEOUT_S = 10.0
 BUILD_TIMEOUT_S = 120.0  # from the builder's spawn to its release (a TCG guest is slow)
+TRANSIENT_ATTEMPTS, TRANSIENT_PAUSE_S = 5, 0.2  # a fork refused for a transient state: tried again, the source run
 
 
 def builder_path() -> str | None:
@@ -105,6 +106,21 @@ class KmodFork(AllOrNothingFork):
         self.hosts = hosts
 
     async def _fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
+        """A fork refused for a state a running source leaves by itself (a desktop's client caught connecting to
+        its X server or bus) is tried again once the source has run a moment, up to ``TRANSIENT_ATTEMPTS`` times
+        (a frozen source, a snapshot, stays as it is: refused at once)."""
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                return await self._fork_once(source, seed=seed, frozen=frozen)
+            except ForkFailed as exc:
+                refused = exc.__cause__
+                if not (isinstance(refused, TreeForkRefused) and refused.transient) or source.frozen or \
+                        attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+            await asyncio.sleep(TRANSIENT_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    async def _fork_once(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         hosts = self.hosts
         why = why_not(hosts)
         if why is not None:  # its hosts run anywhere (tools, close); a fork needs all of these

@@ -19,6 +19,16 @@ class TreeForkRefused(ForkFailed):
         self.culprit = culprit
         self.why = why
 
+    @property
+    def transient(self) -> bool:
+        """A state a running source leaves by itself (bytes or descriptors in flight, events or messages queued, a
+        connection its listener has not accepted yet): a fork tried again a moment later may be taken."""
+        return any(words in self.why for words in TRANSIENT)
+
+
+# what a refusal of a transient state says (``reader.py``'s refusals)
+TRANSIENT = ("in flight", "queued", "not yet accepted")
+
 
 class TreeForkFailed(ForkFailed):
     """The builder failed; ``pid`` is the clone process it failed in (0: the builder itself), ``errno`` why."""
