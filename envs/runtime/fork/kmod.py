@@ -52,7 +52,7 @@ BUILDER_ENV = "BUNSHIN_TREEFORK_BUILDER"  # the builder's path, when it is not o
 DEVICE = "/dev/bunshin"
 FREEZE_TIMEOUT_S = 10.0
 BUILD_TIMEOUT_S = 120.0  # from the builder's spawn to its release (a TCG guest is slow)
-TRANSIENT_ATTEMPTS, TRANSIENT_PAUSE_S = 5, 0.2  # a fork refused for a transient state: tried again, the source run
+TRANSIENT_BUDGET_S, TRANSIENT_PAUSE_S = 20.0, 0.2  # a fork refused for a transient state: tried again after a pause
 
 
 def builder_path() -> str | None:
@@ -107,18 +107,20 @@ class KmodFork(AllOrNothingFork):
 
     async def _fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         """A fork refused for a state a running source leaves by itself (a desktop's client caught connecting to
-        its X server or bus) is tried again once the source has run a moment, up to ``TRANSIENT_ATTEMPTS`` times
-        (a frozen source, a snapshot, stays as it is: refused at once)."""
-        for attempt in range(TRANSIENT_ATTEMPTS):
+        its X server or bus) is tried again once the source has run a moment (0.2 s, then half as long again each
+        time, up to 2 s), for ``TRANSIENT_BUDGET_S`` at most (a frozen source, a snapshot, stays as it is: refused
+        at once)."""
+        started, pause = time.monotonic(), TRANSIENT_PAUSE_S
+        while True:
             try:
                 return await self._fork_once(source, seed=seed, frozen=frozen)
             except ForkFailed as exc:
                 refused = exc.__cause__
                 if not (isinstance(refused, TreeForkRefused) and refused.transient) or source.frozen or \
-                        attempt == TRANSIENT_ATTEMPTS - 1:
+                        time.monotonic() - started + pause > TRANSIENT_BUDGET_S:
                     raise
-            await asyncio.sleep(TRANSIENT_PAUSE_S)
-        raise AssertionError("unreachable")
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 2.0)
 
     async def _fork_once(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         hosts = self.hosts
