@@ -368,6 +368,19 @@ def test_a_pidfd_that_cannot_be_reproduced_is_refused(tree: list[Tree], case: st
         read_tree(t.init, hostname="box")
 
 
+def test_a_connection_whose_peer_closed_is_one_end_of_a_pair_with_what_was_sent_to_it(tree: list[Tree]) -> None:
+    """A client a server dropped (it accepted, sent, closed; its listener is gone too): the client's end is planned
+    as a pair's end whose other end no process has (the builder closes it), its bytes in flight copied."""
+    t = python_tree(tree, "import socket\nl = socket.socket(socket.AF_UNIX); l.bind('\\0bunshin-tf-gone'); l.listen(1)\n"
+                          "c = socket.socket(socket.AF_UNIX); c.connect('\\0bunshin-tf-gone')\n"
+                          "a, _ = l.accept(); a.send(b'bye'); a.close(); l.close()")
+    plan = read_tree(t.init, hostname="box")
+    [end] = [f for f in plan.files if f.kind == "socketpair"]
+    assert not [f for f in plan.files if f.kind in ("socketpair_b", "accepted", "unix_listen")]
+    assert end.source_pid == t.init and end.source_where.startswith("fd/") and end.count == socket.SOCK_STREAM
+    assert end.oid in {d.oid for d in plan.processes[0].descriptors}
+
+
 def test_an_orphan_its_parent_adopted_is_made_by_its_sessions_living_leader(tree: list[Tree]) -> None:
     """D-Bus's activated services: a session member whose parent died, adopted by pid 1, the parent of the
     session's leader too: the leader makes it (``CLONE_PARENT``), so it is pid 1's child in that session."""

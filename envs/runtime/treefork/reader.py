@@ -264,7 +264,9 @@ def _controlling_terminals(reading: _Reading, processes: list[ProcessPlan], ttys
 def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: int) -> None:
     """Unix sockets: a connected pair inside the tree becomes a new socket pair (a stream's bytes in flight copied
     into it, each way), a listener listens again at its name, an unconnected socket is made again (bound if it
-    was). A TCP listener listens again at its address (in the clone's own network namespace). Anything else that
+    was), a connected one whose peer closed is one end of a pair whose other end is closed (what was sent to it
+    first, then EOF: a peer that closed with bytes unread gave the source ECONNRESET once, which is not read:
+    reading it would clear it). A TCP listener listens again at its address (in the clone's own network namespace). Anything else that
     crosses the tree's boundary is refused."""
     socket_groups = {int(g[0].link[8:-1]): g for g in groups if g[0].link.startswith("socket:[")}
     if not socket_groups:
@@ -318,8 +320,16 @@ def _socket_objects(reading: _Reading, groups: list[list[_Fd]], init_host_pid: i
                                    options=_socket_options(peer[0]))
             for fd in peer:
                 fd.oid = peer_oid
-        elif unix.state == ESTABLISHED:
+        elif unix.state == ESTABLISHED and any(inode in d.pending for d in diag.values()):
             raise TreeForkRefused(head.culprit, "a connection not yet accepted by its listener")
+        elif unix.state == ESTABLISHED:
+            # connected, its peer closed since (a server that dropped it): a pair whose other end the builder
+            # closes once the clone has this one, which reads what was sent before, then EOF
+            if unix.type == socket.SOCK_DGRAM:
+                raise TreeForkRefused(head.culprit, "a datagram socket whose peer is gone")
+            oid = reading.add(kind="socketpair", count=unix.type, flags=head.flags & STATUS_FLAGS,
+                              source_pid=head.host_pid, source_where=f"fd/{head.num}", path=unix.name,
+                              options=_socket_options(head))
         else:
             oid = reading.add(kind="unix", path=unix.name, count=unix.type, flags=head.flags & STATUS_FLAGS)
         for fd in group:
