@@ -720,10 +720,21 @@ static void bind_unix(int fd, const char *name)
 			memcpy(addr.sun_path + 1, name + 1, strlen(name) - 1);
 			len = offsetof(struct sockaddr_un, sun_path) + strlen(name);
 		} else {
-			/* the snapshot holds the source's socket file: this one takes its place */
+			/*
+			 * the snapshot holds the source's socket file: this one takes its place, with
+			 * its owner and mode (who may connect: the agent to its accessibility bus)
+			 */
+			struct stat old;
+			int had = !lstat(name, &old);
+
 			if (unlink(name) && errno != ENOENT)
 				die("unlink %s", name);
 			strcpy(addr.sun_path, name);
+			if (bind(fd, (struct sockaddr *)&addr, len))
+				die("bind %s", name);
+			if (had && (lchown(name, old.st_uid, old.st_gid) || chmod(name, old.st_mode & 07777)))
+				die("giving %s its source's owner and mode", name);
+			return;
 		}
 		if (bind(fd, (struct sockaddr *)&addr, len))
 			die("bind %s", name);
