@@ -64,9 +64,7 @@ class AppProcess:
         if self.group is not None:
             kill_by_fds(list(self.cgroup_fds), self.group)
             self.proc.wait()  # reaped already: Popen takes ECHILD as gone
-            for fd in self.cgroup_fds:
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.group, dir_fd=fd)
+            _remove_group(self.cgroup_fds, self.group)
         elif self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGKILL)
@@ -155,9 +153,7 @@ class AppProcesses:
         except BaseException:
             os.close(log_fd)
             if group is not None:
-                for fd in self.cgroup_fds:
-                    with contextlib.suppress(OSError):
-                        os.rmdir(group, dir_fd=fd)
+                _remove_group(self.cgroup_fds, group)
             raise
         finally:
             for fd in high.values():
@@ -191,6 +187,12 @@ class AppProcesses:
 
 def _dup_above(fd: int, floor: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, max(floor + 1, 10))
+
+
+def _remove_group(cgroup_fds: tuple[int, ...], group: str) -> None:
+    for fd in cgroup_fds:
+        with contextlib.suppress(OSError):
+            os.rmdir(group, dir_fd=fd)
 
 
 def _make_flat(cgroup_fds: tuple[int, ...], group: str, tmpfs: dict[str, int]) -> None:
