@@ -131,6 +131,7 @@ class AppContext:
     ws_id: str
     seed: int
     rng: random.Random
+    # an agent's command (``shell``): past its timeout every agent process is killed, background jobs too
     run_agent: Callable[[str, float], Observation]
     files: list[ReopenableFile] = field(default_factory=list)
     sockets: list[RebindableSocket] = field(default_factory=list)
@@ -142,6 +143,9 @@ class AppContext:
     deadline: float = math.inf
     # in a running clone that took a warm-pool slot, during ``after_fork``: what the slot's app lent (else None)
     borrowed: Lending | None = None
+    # the app's own command as the agent user (a VM API's, an observation's): past its timeout only it is killed,
+    # with its session (what it started with ``setsid``, the application a task set up, lives on); None: no agents
+    run_command: Callable[[str, float], Observation] | None = None
 
     def launch(self, name: str, argv: list[str], **options: Any) -> Any:
         """Start a long-lived program in the workspace as the agent user (a browser, a display server):

@@ -129,6 +129,25 @@ async def test_run_python_and_run_bash_script_answer_as_osworld_documents(deskto
     assert status == 400 and body["output"] == "Working directory does not exist: /no"
 
 
+async def test_a_command_that_runs_over_is_killed_alone_and_the_app_a_task_launched_lives_on(
+        desktop: Workspace) -> None:
+    """A VM API command past its timeout is killed with what it started in its session, as OSWorld's server
+    kills it; the application a task launched (its own session) lives on. (Killing every agent process, as an
+    agent's ``shell`` timeout does, closed LibreOffice whenever reading the accessibility tree ran over.)"""
+    status, _, body = await vm(desktop, "POST", "/setup/launch", json={"command": ["gedit", "--new-window"]})
+    assert status == 200, body
+    verify = {"command": ["true"], "verification": {"window_exists": "gedit"}, "max_wait_time": 60,
+              "check_interval": 0.5}
+    assert (await vm_json(desktop, "POST", "/execute_with_verification", json=verify))[1]["verification"] == "passed"
+    status, body = await vm_json(desktop, "POST", "/run_bash_script",
+                                 json={"script": "sleep 1234 & sleep 30", "timeout": 1})
+    assert status == 500 and body["output"] == "Script execution timed out after 1 seconds"
+    status, body = await vm_json(desktop, "POST", "/execute", json={"command": "pgrep -c -x gedit; pgrep -c -f "
+                                                                              "'slee[p] 1234'", "shell": True})
+    assert body["output"].split() == ["1", "0"], body  # gedit runs; the command's background job went with it
+    assert (await vm_json(desktop, "POST", "/execute_with_verification", json=verify))[1]["verification"] == "passed"
+
+
 async def test_a_desktop_workspace_refuses_a_live_fork_and_its_session_ends_with_it(desktop: Workspace) -> None:
     from bunshin.envs import ForkFailed
 

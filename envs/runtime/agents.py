@@ -58,7 +58,17 @@ class Agents:
     # -- running ------------------------------------------------------------------------------------------------
     def run(self, cmd: str, timeout_s: float) -> Observation:
         """Run ``cmd`` with /bin/sh as the agent user in the workspace's PID namespace. A command still running
-        after ``timeout_s`` is killed, and every agent process with it."""
+        after ``timeout_s`` is killed, and every agent process with it (an agent's command: its background jobs
+        too)."""
+        return self._run(cmd, timeout_s, kill_all=True)
+
+    def run_alone(self, cmd: str, timeout_s: float) -> Observation:
+        """``run``, for an app's own command (a VM API's, an observation's): past ``timeout_s`` it is killed with
+        its session only (what it started there), never a program it started in a session of its own (``setsid``:
+        the application a task set up), as OSWorld's VM server kills a command that ran over."""
+        return self._run(cmd, timeout_s, kill_all=False)
+
+    def _run(self, cmd: str, timeout_s: float, kill_all: bool) -> Observation:
         if self.namespace:
             syscalls.setns(self._ensure_namespace(), syscalls.CLONE_NEWPID)
         else:
@@ -74,8 +84,11 @@ class Agents:
             if self.namespace:
                 syscalls.setns(self.own_pidns_fd, syscalls.CLONE_NEWPID)
         out, timed_out = _read_bounded(proc, timeout_s)
-        if timed_out:
+        if timed_out and kill_all:
             self.kill_all()  # a timed-out command takes the whole agent namespace with it (its background jobs too)
+        elif timed_out:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its session's one process group (start_new_session)
         proc.wait()
         text = out.decode("utf-8", "replace")
         if timed_out:

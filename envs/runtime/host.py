@@ -88,7 +88,7 @@ class Host:
             pool_fd=os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd), layer_fd=-1,
             cgroup_fds=cgroup_fds, config=config, app=app_cls(**config.app.kwargs),
             ctx=AppContext(ws_id=config.ws_id, seed=config.seed, rng=random.Random(config.seed),
-                           run_agent=agents.run, spawner=self.spawn_worker, launcher=apps.start),
+                           run_agent=agents.run, run_command=agents.run_alone, spawner=self.spawn_worker, launcher=apps.start),
             agents=agents, workers=[], apps=apps)
 
     # -- start ------------------------------------------------------------------------------------------------

@@ -72,9 +72,11 @@ class XDesktopApp(WorkspaceApp):
             with open(path, "w") as script:
                 script.write(CHROME)
             os.chmod(path, 0o755)
-        self.guest = Guest(ctx.run_agent)
+        if ctx.run_command is None:
+            raise ToolError("the desktop runs in a workspace with agent commands (a worker has none)")
+        self.guest = Guest(ctx.run_command)  # a command that runs over is killed alone, never the task's apps
         self.api = VmApi(self.guest, self._a11y_tree, self.screen)
-        self.session = DesktopSession(ctx, self.screen)
+        self.session = DesktopSession(ctx, ctx.run_command, self.screen)
         self.session.start()
 
     def tools(self) -> dict[str, Tool]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..app import AppContext, ToolError
+from ..records import Observation
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 
 OSWORLD_HOME = "/home/user"  # the home of OSWorld's VM user, which its task files write out in full
@@ -56,8 +57,10 @@ def session_exports() -> str:
 class DesktopSession:
     """One workspace's session programs, started by ``start`` and stopped by ``stop``."""
 
-    def __init__(self, ctx: AppContext, screen: tuple[int, int] = SCREEN):
+    def __init__(self, ctx: AppContext, run: Callable[[str, float], Observation], screen: tuple[int, int] = SCREEN):
+        """``run(cmd, timeout_s)``: a command of the session's as the agent user (``AppContext.run_command``)."""
         self.ctx = ctx
+        self._run = run
         self.screen = screen
         self.processes: list[Any] = []
 
@@ -80,11 +83,11 @@ class DesktopSession:
         openbox = self._launch("openbox", ["/usr/bin/openbox"])
         starts = 1
         while True:
-            if self.ctx.run_agent(session_exports() + "wmctrl -m >/dev/null 2>&1", 5).exit_code == 0:
+            if self._run(session_exports() + "wmctrl -m >/dev/null 2>&1", 5).exit_code == 0:
                 # VLC's configuration file, as a VM where VLC has run has it (OSWorld's vlc_config getter reads
                 # it): written in the background by VLC itself, every option at its default but the first-run
                 # privacy question, answered (as in OSWorld's VM)
-                self.ctx.run_agent(session_exports() + "cd ~; (setsid sh -c 'vlc -I dummy --no-video "
+                self._run(session_exports() + "cd ~; (setsid sh -c 'vlc -I dummy --no-video "
                                    "--reset-config vlc://quit; sed -i \"s/^#qt-privacy-ask=1$/qt-privacy-ask=0/\" "
                                    ".config/vlc/vlcrc' </dev/null >/dev/null 2>&1 &)", 10)
                 return
