@@ -55,17 +55,18 @@ def _url(tid: str, name: str) -> str:
 
 
 def _focus(title: str) -> str:
-    """Agent code: wait (up to 10 s) for a window whose title contains ``title`` and raise it."""
-    return ("import subprocess; subprocess.run(['sh', '-c', 'for i in $(seq 100); do wmctrl -a \"$0\" && exit 0; "
+    """Agent code: wait (up to 30 s: a slow machine's) for a window whose title contains ``title`` and raise it."""
+    return ("import subprocess; subprocess.run(['sh', '-c', 'for i in $(seq 300); do wmctrl -a \"$0\" && exit 0; "
             f"sleep 0.1; done; exit 1', {title!r}], check=True); time.sleep(0.5)")
 
 
 def _save_keeping_format(path: str) -> str:
-    """Agent code: Ctrl+S, keep the Office format in LibreOffice's question, wait for the file to change."""
+    """Agent code: Ctrl+S, keep the Office format in LibreOffice's question, wait for the file to change (each
+    wait up to 30 s and over as soon as it happens: a slow machine, such as ``kmod/vmtest``'s emulated one, gets time)."""
     return (f"import os, subprocess; before = os.path.getmtime({path!r}); pyautogui.hotkey('ctrl', 's'); "
-            "subprocess.run(['sh', '-c', 'for i in $(seq 100); do wmctrl -l | grep -q \"Confirm File Format\" "
+            "subprocess.run(['sh', '-c', 'for i in $(seq 300); do wmctrl -l | grep -q \"Confirm File Format\" "
             "&& exit 0; sleep 0.1; done'], check=False); time.sleep(0.3); pyautogui.press('enter'); "
-            f"[time.sleep(0.1) for _ in range(100) if os.path.getmtime({path!r}) == before]; time.sleep(0.5)")
+            f"[time.sleep(0.1) for _ in range(300) if os.path.getmtime({path!r}) == before]; time.sleep(0.5)")
 
 
 def _action(code: str) -> dict[str, Any]:
