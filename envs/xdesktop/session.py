@@ -88,8 +88,8 @@ class DesktopSession:
                 # it): written in the background by VLC itself, every option at its default but the first-run
                 # privacy question, answered (as in OSWorld's VM)
                 self._run(session_exports() + "cd ~; (setsid sh -c 'vlc -I dummy --no-video "
-                                   "--reset-config vlc://quit; sed -i \"s/^#qt-privacy-ask=1$/qt-privacy-ask=0/\" "
-                                   ".config/vlc/vlcrc' </dev/null >/dev/null 2>&1 &)", 10)
+                          "--reset-config vlc://quit; sed -i \"s/^#qt-privacy-ask=1$/qt-privacy-ask=0/\" "
+                          ".config/vlc/vlcrc' </dev/null >/dev/null 2>&1 &)", 10)
                 return
             if openbox.proc.poll() is not None and starts < 3:  # it gave up on a display still settling: again
                 self.processes.remove(openbox)
