@@ -1317,6 +1317,34 @@ static int keep_cmp(const void *a, const void *b)
 	return *(const int *)a - *(const int *)b;
 }
 
+/*
+ * After @p's helper made its children: wait until each zombie child's helper
+ * has exited (it exits at once, but may not have yet: the builder reports the
+ * clone grafted without waiting for it, and a fork of the clone made right
+ * after would find it running with the builder's descriptors), without
+ * reaping it; then drop the SIGCHLD (or other exit signal) that its exit and
+ * a placeholder's sent us, blocked until now: the clone carries no pending
+ * signal of its source's, and must not get one the source never had.
+ */
+static void settle_zombies(struct proc *p)
+{
+	struct timespec zero = { 0, 0 };
+	sigset_t sent;
+	siginfo_t si;
+	int i;
+
+	sigemptyset(&sent);
+	for (i = 0; i < nprocs; i++) {
+		if (procs[i].ppid != p->pid || &procs[i] == p || procs[i].maker)
+			continue;
+		if (procs[i].zombie && waitid(P_PID, procs[i].pid, &si, WEXITED | WNOWAIT | __WALL))
+			helper_fail(p, "waiting for a zombie's helper to exit");
+		if ((procs[i].zombie || procs[i].placeholder) && procs[i].exit_signal > 0)
+			sigaddset(&sent, procs[i].exit_signal);
+	}
+	while (sigtimedwait(&sent, NULL, &zero) > 0)
+		;
+}
 /* close every descriptor but the planned ones (below close_from) and @keep (at or above it) */
 static void close_others(struct proc *p, int *keep, int nkeep)
 {
@@ -1428,6 +1456,7 @@ static void helper(struct proc *p)
 	for (i = 0; i < nprocs; i++)
 		if (procs[i].maker == p->pid && start_helper(&procs[i], 0) < 0)
 			helper_fail(p, "clone3 of a session member with its pid");
+	settle_zombies(p);
 	fault("helper", "children", p->pid, 0);
 
 	for (i = 0; i < p->nfds; i++) {
