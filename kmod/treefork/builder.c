@@ -21,7 +21,9 @@
  * credentials, starts a thread per extra source thread (each keeps its tid and
  * parks in BUNSHIN_IOC_GRAFT_THREAD) and grafts its source (BUNSHIN_IOC_GRAFT:
  * close its own descriptors, hold until released, remap shared memory). A
- * zombie's helper exits at once with the zombie's status instead. A session
+ * zombie's helper exits at once with the zombie's status instead (its
+ * parent's helper waits for that exit before grafting, not reaping it, and
+ * drops the SIGCHLD it got: the clone gets no signal its source did not). A session
  * whose leader is gone from the source is started by a placeholder with the
  * leader's pid: it calls setsid(), makes the session's members with
  * CLONE_PARENT (they are its parent's children, as in the source) and exits;
