@@ -714,33 +714,30 @@ static void bind_unix(int fd, const char *name)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	socklen_t len = sizeof(addr);
+	struct stat old;
+	int had = 0;
 
-	if (strcmp(name, "-")) {
-		if (strlen(name) >= sizeof(addr.sun_path))
-			die("a Unix socket name too long: %s", name);
-		if (name[0] == '@') {
-			memcpy(addr.sun_path + 1, name + 1, strlen(name) - 1);
-			len = offsetof(struct sockaddr_un, sun_path) + strlen(name);
-		} else {
-			/*
-			 * the snapshot holds the source's socket file: this one takes its place, with
-			 * its owner and mode (who may connect: the agent to its accessibility bus)
-			 */
-			struct stat old;
-			int had = !lstat(name, &old);
-
-			if (unlink(name) && errno != ENOENT)
-				die("unlink %s", name);
-			strcpy(addr.sun_path, name);
-			if (bind(fd, (struct sockaddr *)&addr, len))
-				die("bind %s", name);
-			if (had && (lchown(name, old.st_uid, old.st_gid) || chmod(name, old.st_mode & 07777)))
-				die("giving %s its source's owner and mode", name);
-			return;
-		}
-		if (bind(fd, (struct sockaddr *)&addr, len))
-			die("bind %s", name);
+	if (!strcmp(name, "-"))
+		return;
+	if (strlen(name) >= sizeof(addr.sun_path))
+		die("a Unix socket name too long: %s", name);
+	if (name[0] == '@') {
+		memcpy(addr.sun_path + 1, name + 1, strlen(name) - 1);
+		len = offsetof(struct sockaddr_un, sun_path) + strlen(name);
+	} else {
+		/*
+		 * the snapshot holds the source's socket file: this one takes its place, with
+		 * its owner and mode (who may connect: the agent to its accessibility bus)
+		 */
+		had = !lstat(name, &old);
+		if (unlink(name) && errno != ENOENT)
+			die("unlink %s", name);
+		strcpy(addr.sun_path, name);
 	}
+	if (bind(fd, (struct sockaddr *)&addr, len))
+		die("bind %s", name);
+	if (had && (lchown(name, old.st_uid, old.st_gid) || chmod(name, old.st_mode & 07777)))
+		die("giving %s its source's owner and mode", name);
 }
 
 static int unix_bound(int type, const char *name, int listening)
@@ -1347,6 +1344,7 @@ static void settle_zombies(struct proc *p)
 	while (sigtimedwait(&sent, NULL, &zero) > 0)
 		;
 }
+
 /* close every descriptor but the planned ones (below close_from) and @keep (at or above it) */
 static void close_others(struct proc *p, int *keep, int nkeep)
 {
