@@ -8,22 +8,26 @@
 #                                   adapters' tests need: torch==2.13.0 first, so pip keeps that CPU build
 #   ./scripts/setup.sh --osworld    also OSWorld's own code (desktop-env 1.0.2 without its dependencies, then the
 #                                   extra `osworld`: what its controllers, getters and metrics import; docs/osworld.md)
+#   ./scripts/setup.sh --browsergym also BrowserGym (browsergym-core 0.14.3 without its dependencies, then the extra
+#                                   `browsergym`) and Debian's Chromium for its browser (docs/browsergym.md)
 #   ./scripts/setup.sh --all-images every declared workspace image (the tests use each), not only the main job's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TRAINERS=0
 OSWORLD=0
+BROWSERGYM=0
 IMAGES=base
 for arg in "$@"; do
   case "$arg" in
     --trainers) TRAINERS=1 ;;
     --osworld) OSWORLD=1 ;;
+    --browsergym) BROWSERGYM=1 ;;
     --all-images) IMAGES=--all ;;
-    *) echo "setup.sh: unknown option $arg (known: --trainers, --osworld, --all-images)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option $arg (known: --trainers, --osworld, --browsergym, --all-images)" >&2; exit 2 ;;
   esac
 done
-STEPS=$((4 + TRAINERS + OSWORLD))
+STEPS=$((4 + TRAINERS + OSWORLD + BROWSERGYM))
 EXTRAS=test
 [ "$TRAINERS" = 1 ] && EXTRAS=$EXTRAS,trainers
 
@@ -49,6 +53,8 @@ command -v unshare >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 command -v ps >/dev/null || need+=(procps)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # builds the workspace images from the Debian archive
+# BrowserGym's browser is the user's, on this machine (the workspaces' own Chromium stands on their image)
+[ "$BROWSERGYM" = 1 ] && [ ! -x /usr/lib/chromium/chromium ] && need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   say "[1/$STEPS] installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -79,7 +85,7 @@ say "[3/$STEPS] installing bunshin and its test dependencies into .venv (log: $L
   || fail "the installed package does not import"
 IMAGES_WHAT=$([ "$IMAGES" = base ] && echo "base, the main job's" || echo "every declared one")
 STEP=4
-if [ "$TRAINERS" = 1 ] || [ "$OSWORLD" = 1 ]; then
+if [ "$TRAINERS" = 1 ] || [ "$OSWORLD" = 1 ] || [ "$BROWSERGYM" = 1 ]; then
   # the images build (mostly the Debian archive's downloads and dpkg) while pip installs the extras (PyPI's)
   IMAGES_LOG=.venv/images.log
   say "[$STEP/$STEPS] building the workspace images ($IMAGES_WHAT) in the background (log: $IMAGES_LOG; bunshin images list)"
@@ -110,6 +116,16 @@ if [ "$TRAINERS" = 1 ] || [ "$OSWORLD" = 1 ]; then
     .venv/bin/python -c "import desktop_env.controllers.python, desktop_env.controllers.setup, \
 desktop_env.evaluators.getters, desktop_env.evaluators.metrics, desktop_env.desktop_env" >>"$LOG" 2>&1 \
       || { stop_images; fail "OSWorld's desktop_env does not import"; }
+  fi
+  if [ "$BROWSERGYM" = 1 ]; then
+    STEP=$((STEP + 1))
+    EXTRAS=$EXTRAS,browsergym
+    say "[$STEP/$STEPS] installing BrowserGym's browsergym-core 0.14.3 without its dependencies, then the browsergym extra (log: $LOG)"
+    {
+      .venv/bin/python -m pip install --no-deps 'browsergym-core==0.14.3' && .venv/bin/python -m pip install -e ".[$EXTRAS]"
+    } >>"$LOG" 2>&1 || { stop_images; fail "pip install -e '.[$EXTRAS]'"; }
+    .venv/bin/python -c "import bunshin.engine.adapters.browsergym" >>"$LOG" 2>&1 \
+      || { stop_images; fail "BrowserGym does not import"; }
   fi
   say "waiting for the workspace images"
   LOG=$IMAGES_LOG

@@ -166,7 +166,7 @@ def chrome_steps(port: int, cdp_port: int, tmp: Path) -> Any:
 
 async def test_chrome_is_google_chrome_and_osworlds_cdp_steps_and_getters_reach_it(
         make_runtime, tmp_path: Path, http_only: None) -> None:
-    from bunshin.envs.xdesktop.http import PortForward
+    from bunshin.envs.runtime.port_forward import PortForward
 
     rt: WorkspaceRuntime = await make_runtime(limits=Limits(memory_bytes=4 << 30, pids=1024, command_timeout_s=150))
     ws = await rt.create(DESKTOP)

@@ -58,3 +58,8 @@ _.check_and_clean
 _.list_free_vms
 _.get_vm_path
 _.desktop_env  # engine/adapters/osworld_env.py: the DesktopEnv OSWorld users build on the runtime (docs/osworld.md)
+
+# -- BrowserGym's task contract (browsergym.core.task.AbstractBrowserTask), called by its BrowserEnv --------------
+_.get_task_id  # engine/adapters/browsergym.py ShopTask
+_.validate
+_.debian_chromium  # engine/adapters/browsergym.py: what a user calls to run BrowserGym on Debian's Chromium (docs/browsergym.md)

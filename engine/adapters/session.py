@@ -6,7 +6,8 @@ Owns: ``TaskSession``: a background thread running its own event loop (uvloop wh
 named and each in its own copy-on-write fork of the set-up workspace: ``reset(seed)`` closes the episode's previous
 workspace and forks a fresh one; ``step(text)`` parses the text in the suite's action language, runs it (or, for the
 final action, scores it with the suite's evaluator) and returns an ``EpisodeStep``; ``areset``/``astep``/... do the
-same from another event loop. Several episodes may run at once (a GRPO group). Every call has a deadline enforced
+same from another event loop; ``expose(port)`` carries a loopback port to a port inside the episode's workspace.
+Several episodes may run at once (a GRPO group). Every call has a deadline enforced
 on the runtime's loop; ``close()`` (also run when the session is garbage-collected or the interpreter exits) closes
 every workspace and the runtime (processes, mounts, cgroups, the run's directory) and stops the thread.
 ``SessionPool``: sessions shared by the users of one task and configuration open at once, closed with the last.
@@ -30,6 +31,8 @@ from typing import Any, TypeVar
 
 from bunshin.engine.errors import EngineError
 from bunshin.envs.records import Limits, Observation, ToolCall
+from bunshin.envs.runtime.host_workspace import HostWorkspace
+from bunshin.envs.runtime.port_forward import PortForward
 from bunshin.envs.runtime.runtime import WorkspaceRuntime
 from bunshin.envs.suites.base import ActionError, Suite, SuiteTask, observation_text
 from bunshin.envs.workspace import Workspace
@@ -70,6 +73,7 @@ class _Episode:
     ws: Workspace
     max_steps: int
     steps: int = 0
+    forwards: list[PortForward] = field(default_factory=list)  # closed before the workspace
 
 
 class RuntimeLoop:
@@ -91,6 +95,7 @@ class RuntimeLoop:
         self.thread.start()
         self.runtime: WorkspaceRuntime | None = None
         self.workspaces: set[Workspace] = set()
+        self.forwards: set[PortForward] = set()  # closed before the workspaces they lead into
         self.closed = False
 
     def _run(self) -> None:
@@ -105,6 +110,9 @@ class RuntimeLoop:
 
     async def _teardown(self) -> None:
         try:
+            for forward in list(self.forwards):
+                await forward.close()
+                self.forwards.discard(forward)
             for ws in list(self.workspaces):
                 await ws.close()
                 self.workspaces.discard(ws)
@@ -177,6 +185,12 @@ class TaskSession:
     def end(self, *, episode: str = MAIN) -> None:
         """Close an episode's workspace (the set-up workspace stays for the next reset)."""
         self._call(self._end(episode), self.setup_timeout_s, "end")
+
+    def expose(self, port: int, *, episode: str = MAIN) -> int:
+        """A port on the engine's loopback carried to ``port`` inside the episode's workspace, and to nothing else
+        (a client of the engine's side reaches the application there: a BrowserGym browser the web shop); closed
+        when the episode ends."""
+        return self._call(self._expose(port, episode), self.call_timeout_s, "expose")
 
     def close(self) -> None:
         """Close every workspace and the runtime; later calls raise ``SessionClosed``."""
@@ -269,7 +283,21 @@ class TaskSession:
     async def _end(self, name: str) -> None:
         episode = self._episodes.pop(name, None)
         if episode is not None:
-            await self._close_ws(episode.ws)
+            try:
+                for forward in episode.forwards:
+                    await forward.close()
+                    self._loop.forwards.discard(forward)
+            finally:
+                await self._close_ws(episode.ws)
+
+    async def _expose(self, port: int, name: str) -> int:
+        episode = self._episode(name, "expose")
+        if not isinstance(episode.ws, HostWorkspace):
+            raise AdapterError(f"the {self._runtime_kwargs['backend']} backend's workspaces have no ports to expose")
+        forward = PortForward(episode.ws, port)
+        episode.forwards.append(forward)
+        self._loop.forwards.add(forward)
+        return await forward.start()
 
     async def _reset(self, seed: int | None, name: str = MAIN, max_steps: int | None = None) -> str:
         await self._end(name)

@@ -15,11 +15,11 @@ Must never: act on an element the agent did not name by an id of the page it saw
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from ..records import Observation, ToolCall
+from ..suites.webarena import text_expression
 from .browser import BrowserError, Chromium
 from .keys import parse_combination
 
@@ -175,9 +175,7 @@ class WebArenaPages:
     def page_text(self, url: str | None, selector: str, deadline: float) -> str:
         """For WebArena's program_html: the outer text of the first element matching ``selector`` (the body's
         when empty; "" when none) on ``url`` loaded in a throw-away tab, or on the current page when None."""
-        expression = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
-                      "return e ? (e.outerText ?? e.textContent ?? '') : ''; })()" if selector.strip()
-                      else "(document.body ? document.body.outerText : '')")
+        expression = text_expression(selector)
         c = self.chromium
         if url is None:
             return str(c.evaluate(expression, deadline) or "")

@@ -11,6 +11,7 @@ Must never: score a task it cannot evaluate as 0 silently: it refuses the task i
 from __future__ import annotations
 
 import collections
+import json
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -331,3 +332,30 @@ def program_html(targets: list[ProgramHtml], shopping_base: str, read_page: Page
             for content in required["must_include"]:
                 score *= float(any(must_include(alt, selected) for alt in str(content).split(OR)))
     return score
+
+
+def text_expression(selector: str) -> str:
+    """The JavaScript a browser evaluates for a program_html read: the outer text of the first element matching
+    ``selector`` ("" when none), or the body's text when ``selector`` is empty."""
+    if not selector.strip():
+        return "(document.body ? document.body.outerText : '')"
+    return (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+            "return e ? (e.outerText ?? e.textContent ?? '') : ''; })()")
+
+
+def score(task: WebArenaTask, answer: str, shopping_base: str, page_url: str, read_page: PageReader,
+          read_json: JsonReader, judge: Judge = token_overlap_judge) -> float:
+    """The task's score, as WebArena scores: the product of its evaluators' (``string_match`` on the agent's final
+    answer, ``url_match`` on ``page_url``, the agent's page at the end; ``program_html`` through the readers).
+    Whoever holds the agent's browser supplies the URL and the readers: our workspace's browser, or a BrowserGym
+    one."""
+    result = 1.0
+    for kind in task.eval.eval_types:
+        if kind == "string_match":
+            result *= string_match(answer, task.eval.reference_answers or {}, task.intent, judge,
+                                   task.eval.string_note)
+        elif kind == "url_match":
+            result *= url_match(expand_url(task.eval.reference_url or "", shopping_base), page_url)
+        elif kind == "program_html":
+            result *= program_html(task.eval.program_html, shopping_base, read_page, read_json)
+    return result

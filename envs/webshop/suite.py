@@ -76,7 +76,8 @@ class WebShopSuite(Suite):
         self.lenient = lenient
         self._refused: list[Refusal] = []
         self.judge = judge
-        self.base_url = "http://127.0.0.1:7770"
+        self.shop_port = 7770  # where the shop listens inside a workspace (ShopApp's default)
+        self.base_url = f"http://127.0.0.1:{self.shop_port}"
         self._loaded: dict[str, webarena.WebArenaTask] = {}  # by path
 
     def task_files(self) -> list[Path]:
@@ -181,20 +182,16 @@ class WebShopSuite(Suite):
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         spec = self._task(task)
         answer = str(final.args.get("answer", "")) if final.name == "stop" else ""
-        score = 1.0
-        for kind in spec.eval.eval_types:
-            if kind == "string_match":
-                score *= webarena.string_match(answer, spec.eval.reference_answers or {}, spec.intent, self.judge,
-                                               spec.eval.string_note)
-            elif kind == "url_match":
-                page = await checked(ws, "_url", {})
-                score *= webarena.url_match(webarena.expand_url(spec.eval.reference_url or "", self.base_url),
-                                            page.output)
-            elif kind == "program_html":
-                score *= await self._program_html(ws, spec)
-        return score
+        page_url = (await checked(ws, "_url", {})).output if "url_match" in spec.eval.eval_types else ""
+        pages: dict[tuple[str | None, str], str] = {}
+        answers: dict[str, Any] = {}
+        if "program_html" in spec.eval.eval_types:
+            pages, answers = await self._program_html_reads(ws, spec)
+        return webarena.score(spec, answer, self.base_url, page_url, lambda u, s: pages[(u, s)], answers.__getitem__,
+                              self.judge)
 
-    async def _program_html(self, ws: Workspace, spec: webarena.WebArenaTask) -> float:
+    async def _program_html_reads(self, ws: Workspace, spec: webarena.WebArenaTask) -> tuple[
+            dict[tuple[str | None, str], str], dict[str, Any]]:
         # The evaluator is synchronous and reads through the workspace: fetch what it will read first.
         targets = spec.eval.program_html
         answers: dict[str, Any] = {}
@@ -213,4 +210,4 @@ class WebShopSuite(Suite):
             else:
                 path = f"/rest/V1/products/{locator.sku}/reviews"
                 answers[path] = (await checked(ws, "_shop_json", {"path": path})).data["json"]
-        return webarena.program_html(targets, self.base_url, lambda u, s: pages[(u, s)], answers.__getitem__)
+        return pages, answers

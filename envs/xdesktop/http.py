@@ -3,8 +3,8 @@
 Owns: ``VmHttpServer``, an HTTP server on the engine's loopback, a port of its own per workspace, that turns each request into the
 workspace's ``vm`` tool call (``envs/xdesktop/vm_api.py``) under that route's deadline, and the answer back
 into HTTP (status, content type, an attachment's name); request bodies bounded (``MAX_REQUEST``); and
-``PortForward``, a loopback port carried to a port inside the workspace (Chromium's DevTools, VLC's interface);
-``Endpoint``, the three together as OSWorld addresses a VM (``ip:server:chromium:vnc:vlc``).
+``Endpoint``, the server and two ``PortForward``s (``envs/runtime/port_forward.py``: Chromium's DevTools, VLC's
+interface) together as OSWorld addresses a VM (``ip:server:chromium:vnc:vlc``).
 Why aiohttp: already the project's HTTP library (a dependency of the engine), it parses JSON, forms and multipart
 uploads as OSWorld's Flask server does; the controllers on the other side are plain ``requests``.
 Must never: listen beyond 127.0.0.1 (agents cannot reach it: a workspace's network namespace has only its own
@@ -13,8 +13,6 @@ loopback), or let one failed request stop the server.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -23,6 +21,7 @@ from aiohttp import web
 from ..errors import EnvsError
 from ..records import ToolCall
 from ..runtime.host_workspace import HostWorkspace
+from ..runtime.port_forward import PortForward
 from ..workspace import Workspace
 from .vm_api import call_timeout_s
 
@@ -104,67 +103,6 @@ async def _decode(request: web.Request) -> dict[str, Any]:
             except json.JSONDecodeError:
                 body = None
     return {"method": request.method, "path": request.path, "json": body, "form": form, "files": files}
-
-
-class PortForward:
-    """``async with PortForward(ws, 9222) as fwd: fwd.port``: a port on the engine's loopback whose connections are
-    carried to 127.0.0.1:9222 inside the workspace (OSWorld's chrome getters and set-up steps reach Chromium's
-    DevTools so; VLC's HTTP interface on 8080 likewise). Chromium names its WebSocket URLs after the Host header
-    it is sent, so the engine-side port is the one its answers name."""
-
-    def __init__(self, ws: HostWorkspace, inner_port: int, host: str = "127.0.0.1"):
-        self.ws, self.inner_port, self.host = ws, inner_port, host
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
-
-    async def __aenter__(self) -> PortForward:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._carry, self.host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self.port
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._open):  # the connections still carried end with it
-                writer.close()
-            await self._server.wait_closed()
-            self._server = None
-
-    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            inner = await self.ws.connect(self.inner_port)
-        except (OSError, EnvsError):  # nothing listens inside (yet): the caller sees the connection end, and retries
-            writer.close()
-            return
-        inner_reader, inner_writer = await asyncio.open_connection(sock=inner)
-        self._open.update((writer, inner_writer))
-        try:
-            await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
-        finally:
-            for w in (writer, inner_writer):
-                w.close()
-                self._open.discard(w)
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await source.read(1 << 16):
-            sink.write(chunk)
-            await sink.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        if sink.can_write_eof():
-            with contextlib.suppress(OSError):
-                sink.write_eof()
 
 
 UNSERVED_PORT = 9  # VNC is not served: OSWorld's address needs a number (discard)
