@@ -147,6 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
                             "evaluation_examples/examples): refused files are listed with the reason; a task "
                             "without a reference solution runs its null attempt only")
 
+    webarena = sub.add_parser("webarena", help="WebArena's own tasks on a deployment of its sites (docs/webarena.md)")
+    webarena_sub = webarena.add_subparsers(dest="webarena_command", required=True)
+    wa_tasks = webarena_sub.add_parser("tasks", help="which tasks of a WebArena task file the sites given can run, "
+                                                     "by site and evaluator; refused ones with the reason")
+    wa_tasks.add_argument("--task-file", type=Path, metavar="FILE",
+                          help="test.raw.json (a list of tasks), a task file, or a directory of them (default: "
+                               "libwebarena's test.raw.json, installed by ./scripts/setup.sh --browsergym)")
+    wa_tasks.add_argument("--site", action="append", default=[], metavar="NAME=URL",
+                          help="a site of the deployment (shopping, shopping_admin, reddit, gitlab, wikipedia, map, "
+                               "homepage); repeat it; sites not given are read from WA_SHOPPING and friends")
+    wa_tasks.add_argument("--judge", metavar="URL",
+                          help="an OpenAI-compatible server for fuzzy_match (without one those tasks are refused)")
+    wa_tasks.add_argument("--refusals", action="store_true", help="list every refused task with its reason")
+    wa_tasks.add_argument("--json", type=Path, help="write the counts as JSON here")
+
     files = sub.add_parser("files", help="the files cache OSWorld tasks download from (the osworld suite)")
     files_sub = files.add_subparsers(dest="files_command", required=True)
     add = files_sub.add_parser("add", help="keep FILE as what URL gives (a task's download or cloud file)")
@@ -521,6 +536,19 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"bunshin files add: {args.file}: {exc.strerror}") from exc
         blob = FilesCache(args.files_cache).put(args.url, data)
         print(f"{args.url} -> {blob} ({len(data)} bytes)")
+        return 0
+    if args.command == "webarena" and args.webarena_command == "tasks":
+        from .commands.webarena_tasks import table, tasks_report
+        from .report import write_json
+
+        path, deployment, loaded = tasks_report(args.task_file, args.site, judge=bool(args.judge))
+        for line in table(path, deployment, loaded):
+            print(line)
+        if args.refusals:
+            for refusal in loaded.refused:
+                print(f"REFUSED {refusal.file}: {refusal.reason}")
+        if args.json:
+            write_json(args.json, loaded.counts())
         return 0
     if args.command == "suite" and args.suite_command == "check":
         from .commands.suite_check import check as check_suite

@@ -9,7 +9,8 @@
 #   ./scripts/setup.sh --osworld    also OSWorld's own code (desktop-env 1.0.2 without its dependencies, then the
 #                                   extra `osworld`: what its controllers, getters and metrics import; docs/osworld.md)
 #   ./scripts/setup.sh --browsergym also BrowserGym (browsergym-core 0.14.3 without its dependencies, then the extra
-#                                   `browsergym`) and Debian's Chromium for its browser (docs/browsergym.md)
+#                                   `browsergym`), Debian's Chromium for its browser (docs/browsergym.md), and
+#                                   libwebarena 0.0.4 for WebArena's task file (its data only; docs/webarena.md)
 #   ./scripts/setup.sh --all-images every declared workspace image (the tests use each), not only the main job's
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -120,9 +121,10 @@ desktop_env.evaluators.getters, desktop_env.evaluators.metrics, desktop_env.desk
   if [ "$BROWSERGYM" = 1 ]; then
     STEP=$((STEP + 1))
     EXTRAS=$EXTRAS,browsergym
-    say "[$STEP/$STEPS] installing BrowserGym's browsergym-core 0.14.3 without its dependencies, then the browsergym extra (log: $LOG)"
+    say "[$STEP/$STEPS] installing BrowserGym's browsergym-core 0.14.3 and libwebarena 0.0.4 (WebArena's tasks) without their dependencies, then the browsergym extra (log: $LOG)"
     {
-      .venv/bin/python -m pip install --no-deps 'browsergym-core==0.14.3' && .venv/bin/python -m pip install -e ".[$EXTRAS]"
+      .venv/bin/python -m pip install --no-deps 'browsergym-core==0.14.3' 'libwebarena==0.0.4' \
+        && .venv/bin/python -m pip install -e ".[$EXTRAS]"
     } >>"$LOG" 2>&1 || { stop_images; fail "pip install -e '.[$EXTRAS]'"; }
     .venv/bin/python -c "import bunshin.engine.adapters.browsergym" >>"$LOG" 2>&1 \
       || { stop_images; fail "BrowserGym does not import"; }

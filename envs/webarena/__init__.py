@@ -1,0 +1,1 @@
+"""WebArena's own tasks on a user's deployment of its sites (docs/webarena.md)."""
