@@ -70,6 +70,9 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True):
     # the declared workspace image its workspaces stand on (``envs/images/recipes.py``; None: the host-derived
     # default); a runtime given an image of its own puts every workspace on that one instead
     image: str | None = None
+    # the host:port pairs its workspaces may reach, through the egress proxy at http://127.0.0.1:3128 inside each
+    # (``runtime/egress.py``: a WebArena deployment's sites); empty: no network at all, the default
+    egress: list[str] = []
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,6 +26,7 @@ from ..workspace import Snapshot, Workspace, WorkspaceImage, call_timeouts
 from . import await_points, ports
 from .cgroups import Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
+from .egress import EgressProxy
 from .memory import processes_memory
 from .protocol import Close, Execute, Executed, Failed, Reply, Request, encoder, reply_decoder
 from .task_scope import TaskScope
@@ -76,6 +77,7 @@ class HostWorkspace(Workspace):
         # warm-pool slots this clone took over (their cgroup is its cgroup): removed with it
         self.companions: list[HostWorkspace] = []
         self.says_goodbye = True  # its host answers Close (a tree-fork snapshot, frozen for good, does not)
+        self.egress: EgressProxy | None = None  # its way out, when its app declares one (``AppSpec.egress``)
 
     def __repr__(self) -> str:
         kind = "Snapshot" if self.frozen else "Workspace"

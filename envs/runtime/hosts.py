@@ -2,7 +2,7 @@
 
 Owns: naming workspaces, making and removing a workspace's cgroup, layer and mount point, spawning a first host
 through the nursery and handing it its configuration, waiting for a host's Ready (a first host, a clone, a
-restore), registering live workspaces, stopping a host that overran a deadline, and discarding a workspace whose
+restore), registering live workspaces (and opening the egress proxy of those whose app declares one), stopping a host that overran a deadline, and discarding a workspace whose
 host stopped serving, and the run's task scope (``tasks``: every workspace's in-flight exchange, teardown and
 discard, and the restore backend's dumps; the runtime closes it last). It implements ``WorkspaceServices`` for
 every ``HostWorkspace`` of the run (images through the run's ``ImageFiles``, ``image_files.py``); fork backends are
@@ -32,6 +32,7 @@ from . import await_points
 from .base_images import BaseImages
 from .cgroups import AGENT_GROUP, Cgroup
 from .channel import ChannelClosed, async_recv_frame, async_send_frame
+from .egress import EgressProxy, parse_allow
 from .fork.backends import ForkBackend
 from .host_workspace import HostSnapshot, HostWorkspace
 from .image_files import ImageFiles, WorkspaceImage
@@ -120,6 +121,23 @@ class Hosts:
     def register(self, ws: HostWorkspace) -> None:
         self.workspaces[ws.id] = ws
 
+    async def admit(self, ws: HostWorkspace) -> None:
+        """Register a live workspace (a new one, a clone) and open its way out when its app declares one
+        (``AppSpec.egress``: the proxy listens in its own network namespace, a clone's too); if that fails the
+        workspace is closed and ``WorkspaceStartFailed`` says why."""
+        if ws.app_spec.egress and not ws.frozen:
+            proxy = EgressProxy(parse_allow(ws.app_spec.egress))
+            try:
+                await proxy.start(ws.pid)
+            except BaseException as exc:
+                await asyncio.shield(ws.close())
+                if isinstance(exc, Exception):
+                    raise WorkspaceStartFailed(ws.id, f"its egress proxy did not start: {type(exc).__name__}: "
+                                                      f"{exc}") from exc
+                raise
+            ws.egress = proxy
+        self.register(ws)
+
     # -- starting ------------------------------------------------------------------------------------------------
     async def start(self, ws_id: str, layer: str, app: AppSpec, *, seed: int | None, hostname: str | None,
                     restore_from: str | None = None, restore_workers: int = 0, parent: str | None = None,
@@ -129,6 +147,7 @@ class Hosts:
         an app with warm slots (``AppSpec.warm``) has the pool fill them; ``register=False``: a slot, the pool's."""
         target = self.run.run_dir / "roots" / ws_id
         image = await self.run.images.for_app(app)  # before anything is made: an image not built is the caller's
+        parse_allow(app.egress)  # likewise a bad egress entry (BadEgress names it)
         if app.merge_memory and self.run.ksm is not None and not self.run.ksm.held:
             await asyncio.to_thread(self.run.ksm.take)  # ksmd tuned before the first mergeable program starts
         group = await run_to_end(  # the thread runs on regardless of a cancellation; undone once it is done
@@ -172,7 +191,7 @@ class Hosts:
                 raise WorkspaceStartFailed(ws_id, f"{type(exc).__name__}: {exc}{self.host_log(ws_id)}") from exc
             raise
         if register:
-            self.register(ws)
+            await self.admit(ws)
             if not frozen:
                 self.prepare(app)
         return ws
@@ -243,6 +262,8 @@ class Hosts:
         await asyncio.shield(self.tasks.start_soon(self._discard(ws), name=f"discard {ws.id}"))
 
     async def _discard(self, ws: HostWorkspace) -> None:
+        if ws.egress is not None:
+            await ws.egress.close()
         await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)  # a warm-pool slot it took is in it too
         for host in (ws, *ws.companions):
             self._kill_if_running(host.pid)

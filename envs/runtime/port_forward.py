@@ -12,10 +12,10 @@ connection open after ``close()``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from ..errors import EnvsError
 from .host_workspace import HostWorkspace
+from .relay import pump
 
 
 class PortForward:
@@ -59,21 +59,8 @@ class PortForward:
         inner_reader, inner_writer = await asyncio.open_connection(sock=inner)
         self._open.update((writer, inner_writer))
         try:
-            await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
+            await asyncio.gather(pump(reader, inner_writer), pump(inner_reader, writer))
         finally:
             for w in (writer, inner_writer):
                 w.close()
                 self._open.discard(w)
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await source.read(1 << 16):
-            sink.write(chunk)
-            await sink.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        if sink.can_write_eof():
-            with contextlib.suppress(OSError):
-                sink.write_eof()

@@ -94,7 +94,7 @@ class CowFork(AllOrNothingFork):
             if isinstance(exc, RequestRefused | WorkspaceStartFailed):
                 raise ForkFailed(source.id, f"fork to {clone_id} failed: {exc.detail}") from exc
             raise
-        hosts.register(clone)
+        await hosts.admit(clone)
         return clone
 
     async def _undo(self, group: Cgroup, spec: CloneSpec, slot: HostWorkspace | None) -> None:

@@ -162,7 +162,7 @@ class KmodFork(AllOrNothingFork):
             clone_end.close()
             if build is not None:
                 build.close()
-        hosts.register(clone)
+        await hosts.admit(clone)
         return clone
 
     async def _graft(self, source: HostWorkspace, clone_id: str, layer: str, group: Cgroup,
