@@ -160,3 +160,33 @@ def test_bunshin_webarena_tasks_prints_the_counts_and_refuses_a_bad_site(tmp_pat
     assert json.loads((tmp_path / "counts.json").read_text())["refused"] == 1
     with pytest.raises(SystemExit, match="bunshin webarena tasks: site shopping .* http:// or https://"):
         main(["webarena", "tasks", "--task-file", str(listing), "--site", "shopping=ftp://h"])
+
+
+def test_the_stand_in_shop_signs_in_webarenas_account_and_refuses_a_wrong_password() -> None:
+    """The embedded shop served outside any workspace stands in for a deployment's shopping site: its sign-in form
+    is Magento's (the fields WebArena's set-up fills), and it takes WebArena's account only."""
+    import http.cookiejar
+    import urllib.parse
+    import urllib.request
+
+    from .shop_server import serve_shop
+
+    def post(opener: urllib.request.OpenerDirector, url: str, user: str, password: str) -> tuple[str, str]:
+        form = urllib.parse.urlencode({"login[username]": user, "login[password]": password}).encode()
+        answer = opener.open(f"{url}/customer/account/loginPost/", form, timeout=10)
+        return answer.url, answer.read().decode()
+
+    with serve_shop() as shop:
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        page = browser.open(f"{shop.url}/customer/account/login/", timeout=10).read().decode()
+        assert all(part in page for part in ('name="login[username]"', '<label for="email">Email</label>',
+                                             '<label for="pass">Password</label>', "Sign In"))
+        assert "signed in as" not in page
+        url, page = post(browser, shop.url, "emma.lopez@gmail.com", "password.123")
+        assert url.endswith("/customer/account/loginPost/") and "The account sign-in was incorrect" in page
+        url, page = post(browser, shop.url, "Emma.Lopez@gmail.com", "Password.123")
+        assert url == f"{shop.url}/customer/account/" and "My Account" in page
+        page = browser.open(f"{shop.url}/customer/account/login/", timeout=10).read().decode()
+        assert "You are signed in as emma.lopez@gmail.com." in page
+        other = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        assert "signed in as" not in other.open(f"{shop.url}/customer/account/login/", timeout=10).read().decode()

@@ -233,6 +233,16 @@ def account(orders: list[Order]) -> str:
     return _page("My Account", body)
 
 
+def login(message: str = "") -> str:
+    """Magento's sign-in page (what WebArena's set-up fills: the fields labelled Email and Password, Sign In)."""
+    body = ("<form class=\"form form-login\" action=\"/customer/account/loginPost/\" method=\"post\">"
+            "<fieldset class=\"fieldset login\"><legend class=\"legend\">Registered Customers</legend>"
+            "<label for=\"email\">Email</label><input id=\"email\" name=\"login[username]\" type=\"email\">"
+            "<label for=\"pass\">Password</label><input id=\"pass\" name=\"login[password]\" type=\"password\">"
+            "<button type=\"submit\" class=\"action login primary\">Sign In</button></fieldset></form>")
+    return _page("Customer Login", body, message)
+
+
 def order_history(orders: list[Order]) -> str:
     return _page("My Orders", _orders_table(orders) if orders else "<div class=\"message info empty\">You have "
                                                                     "placed no orders.</div>")

@@ -1,9 +1,9 @@
 """The shop's HTTP server: a worker process of the workspace serving the catalog on its loopback.
 
 Owns: routing (Magento-shaped URLs: ``/``, ``/catalogsearch/result/?q=&p=``, ``/<category>.html`` with sorting
-and pages, ``/<product>-<sku>.html``, the cart, ``/checkout/`` with an address form, order success, account, order
-history and order pages, review posting, product images, and the two REST routes WebArena's evaluators read) and
-answering one HTTP/1.0 request per connection. The catalog, index and images live here, packed in huge-page heaps;
+and pages, ``/<product>-<sku>.html``, the cart, ``/checkout/`` with an address form, order success, account, sign-in
+(WebArena's account; the shop's one customer), order history and order pages, review posting, product images, and
+the two REST routes WebArena's evaluators read) and answering one HTTP/1.0 request per connection. The catalog, index and images live here, packed in huge-page heaps;
 reading them copies nothing in a fork. Carts, orders and reviews are in SQLite (``store.py``).
 Must never: let one bad request stop the server.
 """
@@ -28,12 +28,15 @@ from ..app import AppContext, WorkerApp
 from . import html as pages
 from .catalog import Catalog, Thumbnails
 from .search import SearchIndex
-from .store import ADDRESS_FIELDS, Address, OrderItem, Store, order_history
+from .store import ADDRESS_FIELDS, CUSTOMER, Address, OrderItem, Store, order_history
 
 PAGE_SIZE = 12
 RELATED = 4
 MAX_PAGES = 20  # listings and search results stop after 240 items, as a shop's toolbar does
 HTML, JSON = "text/html; charset=utf-8", "application/json"
+# Magento's answer to a wrong email or password
+SIGN_IN_REFUSED = ("The account sign-in was incorrect or your account is disabled temporarily. Please wait and try "
+                   "again later.")
 _SKU = re.compile(r"^b\d{10}$")
 _PRODUCT = re.compile(r"^/[a-z0-9-]*-(b\d{10})\.html$")
 _ORDER = re.compile(r"^/sales/order/view/order_id/(\d+)/?$")
@@ -182,6 +185,9 @@ class ShopServer(WorkerApp):
                 return 200, HTML, pages.order_success(order_id)
         if path.rstrip("/") == "/customer/account":
             return 200, HTML, pages.account(self.store.orders())
+        if path.rstrip("/") == "/customer/account/login":
+            email = self.store.signed_in(session)
+            return 200, HTML, pages.login(f"You are signed in as {email}." if email else "")
         if path.rstrip("/") == "/sales/order/history":
             return 200, HTML, pages.order_history(self.store.orders())
         if match := _ORDER.match(path):
@@ -268,6 +274,12 @@ class ShopServer(WorkerApp):
             items = [OrderItem(sku=p.sku, name=p.name, price_cents=p.price_cents, qty=q) for p, q in rows]
             order_id = self.store.place_order(session, Address(**values), items)
             return 302, "", f"/checkout/onepage/success/?order={order_id}"
+        if path == "/customer/account/loginPost":  # WebArena's set-up signs in so; the shop has one customer
+            if field("login[username]").lower() != CUSTOMER["email"] or field("login[password]") != \
+                    CUSTOMER["password"]:
+                return 200, pages.login(SIGN_IN_REFUSED), None
+            self.store.sign_in(session, CUSTOMER["email"])
+            return 302, "", "/customer/account/"
         if match := _REVIEW_POST.match(path + "/"):
             doc = self._doc(match.group(1))
             rating = _int(field("rating"))

@@ -21,6 +21,7 @@ import msgspec
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS sign_ins (session TEXT PRIMARY KEY, email TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cart_items (session TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL,
                                        PRIMARY KEY (session, sku));
 CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, created TEXT NOT NULL, status TEXT NOT NULL,
@@ -34,7 +35,7 @@ CREATE TABLE IF NOT EXISTS reviews (id INTEGER PRIMARY KEY, sku TEXT NOT NULL, n
                                     created TEXT NOT NULL);
 """
 
-CUSTOMER = {"name": "Emma Lopez", "email": "emma.lopez@gmail.com"}
+CUSTOMER = {"name": "Emma Lopez", "email": "emma.lopez@gmail.com", "password": "Password.123"}  # WebArena's account
 ADDRESS_FIELDS = ("firstname", "lastname", "street", "city", "region", "postcode", "country", "telephone")
 SHIPPING_PER_ITEM_CENTS = 500  # Magento's flat rate: $5.00 per item
 STORE_DATE = "2023-06-01"  # the shop's clock: fixed, so the same actions give the same pages on any day
@@ -160,6 +161,14 @@ class Store:
     # -- sessions and carts -------------------------------------------------------------------------------------
     def new_session(self, session_id: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO sessions VALUES (?)", (session_id,))
+
+    def sign_in(self, session: str, email: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO sign_ins VALUES (?, ?)", (session, email))
+
+    def signed_in(self, session: str) -> str | None:
+        """The account ``session`` signed in to (its email), or None."""
+        row = self.db.execute("SELECT email FROM sign_ins WHERE session = ?", (session,)).fetchone()
+        return str(row[0]) if row else None
 
     def add_to_cart(self, session: str, sku: str, qty: int) -> None:
         self.db.execute("INSERT INTO cart_items VALUES (?, ?, ?) ON CONFLICT(session, sku) "
