@@ -324,6 +324,6 @@ def test_suites_declare_their_schema_and_knobs_and_policies_find_it_in_the_regis
     assert Suite.tool_schema is None and Suite.knobs == {}
     assert WebShopSuite.tool_schema is WEBSHOP and DesktopSuite.tool_schema is DESKTOP
     assert WebShopSuite(catalog_size=500, time_scale=0.0).knobs["catalog_size"] == 500
-    with pytest.raises(PolicyError, match="no tool schema for suite 'nonesuch'.*known: desktop, osworld, webshop"):
+    with pytest.raises(PolicyError, match="no tool schema for suite 'nonesuch'.*known: desktop, osworld, webarena, webshop"):
         suite_tools("nonesuch")
 

@@ -26,9 +26,11 @@ _.to_call  # ToolSchema: a Struct built in Python as its normal-form call (docs/
 _.WebShopSuite  # envs/suites/registry.py
 _.DesktopSuite  # envs/suites/registry.py
 _.OSWorldSuite  # envs/suites/registry.py
+_.WebArenaSuite  # envs/suites/registry.py
 _.ShopApp  # envs/webshop/suite.py SHOP_APP
 _.HeapApp  # engine/commands/demo.py and the fork benchmark's AppSpec target
 _.XDesktopApp  # envs/xdesktop/app.py: the AppSpec target of a workspace with a real X desktop (docs/osworld.md)
+_.SitesApp  # envs/webarena/suite.py SITES_APP: the AppSpec target of a WebArena task's workspace (docs/webarena.md)
 _.ChromiumSlotApp  # envs/chromium/slot.py TARGET: the warm pool starts it by name (envs/runtime/warm_pool.py)
 _.rpc_port  # WorkerApp methods are called as rpc_<name> by envs/runtime/workers.py ("port" in envs/webshop/app.py)
 

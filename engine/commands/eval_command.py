@@ -164,6 +164,7 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     summary["steps_by_source"] = steps_by_source(trajectories)
     summary["speculation"] = dict(spec) if spec is not None else None
     summary["refused"] = msgspec.to_builtins(refused)
+    summary.update(suite.report(sorted({t.task_id for t in trajectories})))
     summary["knobs"] = dict(suite.knobs)  # what ``bunshin replay`` of this recording builds the suite with
     if ray_address is not None:
         summary["cluster"] = {"nodes": len(engine.infos), "lost_nodes": len(engine.dead),
@@ -190,6 +191,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
         print("failed rollouts by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())
                                                        if k != Status.OK))
     print_refused(refused)
+    for note in summary.get("notes", []):
+        print(f"note: {note}")
     if not requests:
         print(f"bunshin eval: nothing to run: {len(refused)} task file(s) refused (listed on stdout)"
               if refused else f"bunshin eval: nothing to run: suite {suite.name} has no tasks", file=sys.stderr)

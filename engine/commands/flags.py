@@ -83,6 +83,12 @@ def suite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="osworld: the files OSWorld tasks download, by URL (default $BUNSHIN_FILES_CACHE or "
                              "/var/lib/bunshin/files; fill it with `bunshin files add URL FILE`); a task whose "
                              "file is missing is refused naming the URL")
+    parser.add_argument("--task-file", type=Path, metavar="FILE",
+                        help="webarena: WebArena's task file (test.raw.json, a config file or a directory of them; "
+                             "default libwebarena's test.raw.json)")
+    parser.add_argument("--site", action="append", default=[], metavar="NAME=URL",
+                        help="webarena: a site of the deployment (shopping, shopping_admin, reddit, gitlab, "
+                             "wikipedia, map, homepage); repeat it; the others are read from WA_SHOPPING and friends")
     browser_argument(parser)
 
 
@@ -110,7 +116,12 @@ def warm_pool_argument(parser: argparse.ArgumentParser) -> None:
 
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:
     """The suite's ``time_scale`` knob (its tools' modelled latency, ``envs/latency.py``) follows ``time_scale``
-    unless the user set the knob (``--set time_scale=X``)."""
+    unless the user set the knob (``--set time_scale=X``); a suite without modelled latency (a real deployment's
+    is real) has no such knob."""
+    from bunshin.envs.suites.registry import suite_class
+
+    if "time_scale" not in inspect.signature(suite_class(args.suite)).parameters:
+        return
     if not any(name == "time_scale" for name, _ in args.set):
         args.set = [*args.set, ("time_scale", time_scale)]
 
@@ -137,6 +148,13 @@ def make_suite(args: argparse.Namespace) -> Suite:
         if args.suite != "osworld":
             raise CommandError(f"--files-cache: suite {args.suite} downloads nothing (an osworld flag)")
         knobs["files_cache"] = str(files_cache)
+    task_file, sites = getattr(args, "task_file", None), getattr(args, "site", [])
+    if (task_file is not None or sites) and args.suite != "webarena":
+        raise CommandError(f"--task-file and --site: suite {args.suite} runs no WebArena deployment (webarena flags)")
+    if task_file is not None:
+        knobs["task_file"] = str(task_file)
+    if sites:
+        knobs["sites"] = list(sites)
     ksm = getattr(args, "ksm", None)
     if ksm is not None and args.suite == "osworld":
         knobs["ksm"] = ksm == "on"

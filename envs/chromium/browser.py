@@ -40,10 +40,12 @@ ENV = {"HOME": "/tmp", "LANG": "en_US.UTF-8", "TZ": "UTC", "PATH": "/usr/bin:/bi
        "XDG_CONFIG_HOME": "/tmp/.config", "XDG_CACHE_HOME": "/tmp/.cache", "FONTCONFIG_PATH": "/etc/fonts"}
 
 
-def flags(viewport: tuple[int, int]) -> list[str]:
+def flags(viewport: tuple[int, int], proxy: str | None = None) -> list[str]:
     """Chromium's command line: what every workspace's browser runs with (and nothing from the host's
-    /etc/chromium.d)."""
-    return [
+    /etc/chromium.d); ``proxy``: every request through it, loopback too (the workspace's egress proxy,
+    ``runtime/egress.py``)."""
+    through = [f"--proxy-server={proxy}", "--proxy-bypass-list=<-loopback>"] if proxy else []
+    return [*through,
         "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
         f"--user-data-dir={PROFILE}", f"--window-size={viewport[0]},{viewport[1]}", "--force-device-scale-factor=1",
         "--lang=en-US", "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
@@ -104,8 +106,9 @@ class Tab:
 class Chromium:
     """A Chromium of this workspace: ``start`` it, then tabs, navigation, input, evaluation, observation."""
 
-    def __init__(self, ctx: AppContext, *, viewport: tuple[int, int] = VIEWPORT, merge_memory: bool = False):
-        self.ctx, self.viewport, self.merge_memory = ctx, viewport, merge_memory
+    def __init__(self, ctx: AppContext, *, viewport: tuple[int, int] = VIEWPORT, merge_memory: bool = False,
+                 proxy: str | None = None):
+        self.ctx, self.viewport, self.merge_memory, self.proxy = ctx, viewport, merge_memory, proxy
         self.pipe: CdpPipe | None = None
         self.process: Any = None
         self.tabs: list[Tab] = []
@@ -124,7 +127,7 @@ class Chromium:
         commands_r, commands_w = os.pipe2(os.O_CLOEXEC)
         replies_r, replies_w = os.pipe2(os.O_CLOEXEC)
         try:
-            self.process = self.ctx.launch("chromium", [BINARY, *flags(self.viewport)], env=ENV,
+            self.process = self.ctx.launch("chromium", [BINARY, *flags(self.viewport, self.proxy)], env=ENV,
                                            fds={3: commands_r, 4: replies_w}, tmpfs={"/tmp": TMPFS_BYTES},
                                            merge_memory=self.merge_memory)
         except BaseException:

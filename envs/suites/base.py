@@ -134,6 +134,11 @@ class Suite(abc.ABC):
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         """Score the episode that ended with ``final``, reading the workspace's state (0.0 .. 1.0)."""
 
+    def report(self, ran: list[str]) -> dict[str, Any]:
+        """What the suite adds to a run's summary, given the ids of the tasks the run rolled out (its counts; under
+        ``notes``, sentences ``bunshin eval`` prints: what the run could not guarantee). Default: nothing."""
+        return {}
+
     async def judge_all(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> dict[str, float]:
         """The episode's score by every judge the suite has, by name (``bunshin suite check`` fails a task whose
         judges disagree). Default: one judge, ``evaluate``."""

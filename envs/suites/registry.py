@@ -18,6 +18,7 @@ SUITES = {
     "webshop": "bunshin.envs.webshop.suite:WebShopSuite",
     "desktop": "bunshin.envs.desktop.suite:DesktopSuite",
     "osworld": "bunshin.envs.xdesktop.suite:OSWorldSuite",
+    "webarena": "bunshin.envs.webarena.suite:WebArenaSuite",
 }
 
 

@@ -158,8 +158,8 @@ def check(task: WebArenaTask, *, judge: bool, where: str) -> None:
         if kinds:
             raise TaskFileError(where, f"eval.reference_answers has {kinds} (known: {sorted(ANSWER_KINDS)})")
         if "fuzzy_match" in ev.reference_answers and not judge:
-            raise TaskFileError(where, "eval.reference_answers.fuzzy_match needs a judge model (--judge URL of an "
-                                       "OpenAI-compatible server); none is given")
+            raise TaskFileError(where, "eval.reference_answers.fuzzy_match needs a judge model (an LLM, as "
+                                       "WebArena's harness asks); none is given")
     if "url_match" in ev.eval_types:
         if not ev.reference_url:
             raise TaskFileError(where, "eval.reference_url is required by url_match")

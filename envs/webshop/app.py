@@ -166,16 +166,7 @@ class ShopApp(WorkspaceApp):
         return self.browser.observe()
 
     def _element(self, args: dict[str, Any]) -> Observation:
-        """The id of the first element on the current page with this role and name: ``@button 'Add to Cart'``."""
-        target = str(args.get("target", ""))
-        match = _TARGET.match(target)
-        if not match:
-            raise ToolError(f"element target {target!r} is not of the form @role 'name'")
-        role, name = match.group(1), match.group(3)
-        element_id = self.browser.find(role, name)
-        if element_id is None:
-            raise ToolError(f"no element {target!r} on {self.browser.current_url()}")
-        return Observation(output=str(element_id), data={"element_id": element_id})
+        return element(self.browser, args)
 
     def _page_text(self, args: dict[str, Any]) -> Observation:
         url = args.get("url")
@@ -202,3 +193,17 @@ class ShopApp(WorkspaceApp):
 
     def close(self) -> None:
         self.browser.close()
+
+
+def element(browser: Browser | ChromiumShopBrowser, args: dict[str, Any]) -> Observation:
+    """The id of the first element on the browser's current page with this role and name (``args["target"]``:
+    ``@button 'Add to Cart'``): how a reference step names an element (the ``_element`` tool)."""
+    target = str(args.get("target", ""))
+    match = _TARGET.match(target)
+    if not match:
+        raise ToolError(f"element target {target!r} is not of the form @role 'name'")
+    role, name = match.group(1), match.group(3)
+    element_id = browser.find(role, name)
+    if element_id is None:
+        raise ToolError(f"no element {target!r} on {browser.current_url()}")
+    return Observation(output=str(element_id), data={"element_id": element_id})

@@ -6,7 +6,8 @@ deadline (the runtime's, ``ctx.deadline``, capped by ``CALL_S``), and the browse
 taken in the source before the workspace forks (``before_fork``: a snapshot keeps it as data, it holds no browser),
 and a running clone takes a warm-pool slot's Chromium over (``envs/chromium/slot.py``) or starts its own, and is
 brought to that state (``after_fork``: the ``replay`` fork of the browser, checked equal or refused with
-``BrowserStateMismatch``).
+``BrowserStateMismatch``; a browser behind the workspace's egress proxy is brought there on the clone's first call,
+``restore_pending``, since the clone's proxy opens only once the clone is admitted).
 Must never: let a clone go on with a browser that is not in its source's state, or touch the source's browser.
 """
 
@@ -28,14 +29,17 @@ FORK_S = 60.0
 
 
 class ChromiumShopBrowser:
-    def __init__(self, ctx: AppContext, start_url: str, *, screenshots: bool = True, merge_memory: bool = False):
+    def __init__(self, ctx: AppContext, start_url: str, *, screenshots: bool = True, merge_memory: bool = False,
+                 proxy: str | None = None):
         self.ctx, self.start_url, self.screenshots, self.merge_memory = ctx, start_url, screenshots, merge_memory
-        self.chromium = Chromium(ctx, merge_memory=merge_memory)
+        self.proxy = proxy  # the workspace's egress proxy (a WebArena deployment's sites), else no network
+        self.chromium = Chromium(ctx, merge_memory=merge_memory, proxy=proxy)
         self.pages = WebArenaPages(self.chromium, start_url, screenshots=screenshots)
         self.saved: browser_state.BrowserState | None = None  # taken before a fork, restored in the clone
         self.launch_s = self.restore_s = 0.0  # the last fork's: starting a Chromium, bringing it to the state
         self.restore_steps: dict[str, float] = {}  # the last fork's restore, part by part (``state.restore``)
         self.warm = False  # the last fork's Chromium was a warm-pool slot's (launch_s: only taking it over)
+        self.pending = False  # a clone behind a proxy whose browser is not yet restored (``restore_pending``)
 
     def start(self) -> None:
         self.chromium.start(self._deadline(CALL_S))
@@ -91,19 +95,31 @@ class ChromiumShopBrowser:
         else started now), brought to the source's state and checked."""
         started = time.monotonic()
         self.chromium.abandon()
-        lent = self.ctx.borrowed
+        lent = self.ctx.borrowed if self.proxy is None else None  # a slot's browser has no proxy: not ours then
         deadline = self._deadline(FORK_S)
         if lent is not None:
             self.chromium = Chromium.adopt(self.ctx, lent.fds, lent.data, merge_memory=self.merge_memory)
         else:
-            self.chromium = Chromium(self.ctx, merge_memory=self.merge_memory)
+            self.chromium = Chromium(self.ctx, merge_memory=self.merge_memory, proxy=self.proxy)
             self.chromium.start(deadline)
         self.pages = WebArenaPages(self.chromium, self.start_url, screenshots=self.screenshots)
         self.warm = lent is not None
         launched = time.monotonic()
+        self.launch_s, self.restore_s = launched - started, 0.0
+        if self.proxy is not None:  # its proxy opens once the clone is admitted: the first call restores
+            self.pending = self.saved is not None
+            return
         if self.saved is not None:
             self.restore_steps = browser_state.restore(self.chromium, self.saved, deadline)
-        self.launch_s, self.restore_s = launched - started, time.monotonic() - launched
+        self.restore_s = time.monotonic() - launched
+
+    def restore_pending(self) -> None:
+        """In a clone behind a proxy: bring its browser to the source's state now (its first call), checked."""
+        if self.pending and self.saved is not None:
+            self.pending = False
+            started = time.monotonic()
+            self.restore_steps = browser_state.restore(self.chromium, self.saved, self._deadline(FORK_S))
+            self.restore_s = time.monotonic() - started
 
     def suspend(self) -> None:
         """In a snapshot: the source's browser is not ours."""

@@ -3,7 +3,7 @@
 Owns: routing (Magento-shaped URLs: ``/``, ``/catalogsearch/result/?q=&p=``, ``/<category>.html`` with sorting
 and pages, ``/<product>-<sku>.html``, the cart, ``/checkout/`` with an address form, order success, account, sign-in
 (WebArena's account; the shop's one customer), order history and order pages, review posting, product images, and
-the two REST routes WebArena's evaluators read) and answering one HTTP/1.0 request per connection. The catalog, index and images live here, packed in huge-page heaps;
+the REST routes WebArena's evaluators read: reviews, orders newest first, the admin token they ask for first) and answering one HTTP/1.0 request per connection. The catalog, index and images live here, packed in huge-page heaps;
 reading them copies nothing in a fork. Carts, orders and reviews are in SQLite (``store.py``).
 Must never: let one bad request stop the server.
 """
@@ -34,6 +34,8 @@ PAGE_SIZE = 12
 RELATED = 4
 MAX_PAGES = 20  # listings and search results stop after 240 items, as a shop's toolbar does
 HTML, JSON = "text/html; charset=utf-8", "application/json"
+ADMIN = ("admin", "admin1234")  # WebArena's shopping_site_admin account, for the REST API's token
+ADMIN_TOKEN = "bunshin-shop-admin-token"
 # Magento's answer to a wrong email or password
 SIGN_IN_REFUSED = ("The account sign-in was incorrect or your account is disabled temporarily. Please wait and try "
                    "again later.")
@@ -207,6 +209,12 @@ class ShopServer(WorkerApp):
                     for r in reversed(self.store.reviews(self.catalog[doc].sku))])
         if path == "/rest/V1/orders/latest":
             return 200, JSON, json.dumps({"order_id": self.store.latest_order_id()})
+        if path.rstrip("/") == "/rest/V1/orders":  # Magento's order search, newest first (WebArena's latest order)
+            size = _int(arg("searchCriteria[pageSize]", "20")) or 20
+            orders = self.store.orders()[:max(1, min(size, 100))]
+            return 200, JSON, json.dumps({"items": [{"entity_id": o.id, "increment_id": o.number,
+                                                     "created_at": o.created, "status": o.status} for o in orders],
+                                          "total_count": len(self.store.orders())})
         if match := _PRODUCT.match(path):
             doc = self._doc(match.group(1))
             if doc is not None:
@@ -293,6 +301,20 @@ class ShopServer(WorkerApp):
             return 302, "", product_path(self.catalog, doc)
         return 404, pages.not_found(path), None
 
+    def rest_post(self, raw_path: str, body: bytes) -> tuple[int, str]:
+        """A POST to the REST API: (status, JSON). Magento's admin token (WebArena's helpers ask for one with the
+        shop's admin account before they read orders and reviews)."""
+        path, _ = pages.query_of(raw_path)
+        if path.rstrip("/") != "/rest/default/V1/integration/admin/token":
+            return 404, json.dumps({"message": f"Request does not match any route: {path}"})
+        try:
+            given = json.loads(body or b"{}")
+        except ValueError:
+            return 400, json.dumps({"message": "the body is not JSON"})
+        if not isinstance(given, dict) or (given.get("username"), given.get("password")) != ADMIN:
+            return 401, json.dumps({"message": SIGN_IN_REFUSED})
+        return 200, json.dumps(ADMIN_TOKEN)
+
     def _cart_rows(self, session: str) -> list[tuple[Any, int]]:
         rows = [(self._doc(sku), qty) for sku, qty in self.store.cart(session)]
         return [(self._with_url(doc), qty) for doc, qty in rows if doc is not None]
@@ -357,9 +379,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(status, body, session if new else None, None, ctype)
 
     def do_POST(self) -> None:  # noqa: N802
-        session, new = self.shop.session(self.headers.get("Cookie"))
         length = int(self.headers.get("Content-Length") or 0)
-        form = urllib.parse.parse_qs(self.rfile.read(min(length, 1 << 20)).decode(errors="replace"))
+        raw = self.rfile.read(min(length, 1 << 20))
+        if self.path.startswith("/rest/"):
+            status, answer = self.shop.rest_post(self.path, raw)
+            self._answer(status, answer, None, None, JSON)
+            return
+        session, new = self.shop.session(self.headers.get("Cookie"))
+        form = urllib.parse.parse_qs(raw.decode(errors="replace"))
         try:
             status, body, location = self.shop.post(self.path, form, session)
         except Exception as exc:

@@ -119,16 +119,7 @@ class WebShopSuite(Suite):
                          path=str(path), reference=reference)
 
     def parse_reference(self, step: str, path: Path | str = "<reference>") -> ToolCall:
-        """A reference step; ``[@role 'name']`` in place of an element id is kept as that string in
-        ``element_id`` and resolved by ``concrete`` on the page of the moment."""
-        symbolic = _SYMBOLIC.search(step)
-        try:
-            call = parse_action(_SYMBOLIC.sub("[0]", step, count=1) if symbolic else step)
-        except ActionError as exc:
-            raise webarena.TaskFileError(path, f"bunshin_reference step {step!r}: {exc}") from exc
-        if symbolic:
-            call = ToolCall(name=call.name, args={**call.args, "element_id": symbolic.group(1)})
-        return call
+        return reference_call(step, path)
 
     def app(self, task: SuiteTask | None = None) -> AppSpec:
         """The shop's app, on the image ``base`` (the text browser is ours) or ``chromium``; with Chromium, its live
@@ -152,13 +143,7 @@ class WebShopSuite(Suite):
         return parse_action(text)
 
     def normalize(self, call: ToolCall) -> ToolCall:
-        """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in, values as declared. A
-        reference step's symbolic ``element_id`` (``@link 'My Account'``) is kept for ``concrete`` to resolve."""
-        target = call.args.get("element_id") if isinstance(call.args, dict) else None
-        if isinstance(target, str) and _SYMBOLIC_ID.fullmatch(target):
-            checked = SCHEMA.normalize(ToolCall(name=call.name, args={**call.args, "element_id": 0}))
-            return ToolCall(name=call.name, args={**checked.args, "element_id": target})
-        return SCHEMA.normalize(call)
+        return normalize_call(call)
 
     def is_final(self, call: ToolCall) -> bool:
         return call.name == FINAL
@@ -173,11 +158,7 @@ class WebShopSuite(Suite):
         return call.name in READ_ONLY
 
     async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
-        target = call.args.get("element_id")
-        if not isinstance(target, str):
-            return call
-        found = await checked(ws, "_element", {"target": target})
-        return ToolCall(name=call.name, args={**call.args, "element_id": found.data["element_id"]})
+        return await concrete_call(ws, call)
 
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         spec = self._task(task)
@@ -211,3 +192,37 @@ class WebShopSuite(Suite):
                 path = f"/rest/V1/products/{locator.sku}/reviews"
                 answers[path] = (await checked(ws, "_shop_json", {"path": path})).data["json"]
         return pages, answers
+
+
+# -- WebArena's action language, shared with WebArena's own tasks on a deployment (envs/webarena/suite.py) ----------
+
+def reference_call(step: str, path: Path | str = "<reference>") -> ToolCall:
+    """A reference step; ``[@role 'name']`` in place of an element id is kept as that string in ``element_id`` and
+    resolved by ``concrete_call`` on the page of the moment."""
+    symbolic = _SYMBOLIC.search(step)
+    try:
+        call = parse_action(_SYMBOLIC.sub("[0]", step, count=1) if symbolic else step)
+    except ActionError as exc:
+        raise webarena.TaskFileError(path, f"bunshin_reference step {step!r}: {exc}") from exc
+    if symbolic:
+        call = ToolCall(name=call.name, args={**call.args, "element_id": symbolic.group(1)})
+    return call
+
+
+def normalize_call(call: ToolCall) -> ToolCall:
+    """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in, values as declared. A reference
+    step's symbolic ``element_id`` (``@link 'My Account'``) is kept for ``concrete_call`` to resolve."""
+    target = call.args.get("element_id") if isinstance(call.args, dict) else None
+    if isinstance(target, str) and _SYMBOLIC_ID.fullmatch(target):
+        checked = SCHEMA.normalize(ToolCall(name=call.name, args={**call.args, "element_id": 0}))
+        return ToolCall(name=call.name, args={**checked.args, "element_id": target})
+    return SCHEMA.normalize(call)
+
+
+async def concrete_call(ws: Workspace, call: ToolCall) -> ToolCall:
+    """A reference step as the workspace takes it: a symbolic element resolved to its id on the current page."""
+    target = call.args.get("element_id")
+    if not isinstance(target, str):
+        return call
+    found = await checked(ws, "_element", {"target": target})
+    return ToolCall(name=call.name, args={**call.args, "element_id": found.data["element_id"]})

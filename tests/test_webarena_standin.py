@@ -1,0 +1,100 @@
+"""WebArena's own tasks run on a deployment (``--suite webarena``), with the embedded shop served outside any
+workspace standing in for WebArena's shopping site: task files in WebArena's format (``__SHOPPING__`` placeholders,
+``require_login``, string_match, url_match, program_html with JavaScript locators on the agent's page and on URLs,
+``func:shopping_get_latest_order_url()`` and the review helpers through the REST API) score 1 with their reference
+solutions and 0 without; a task a judge would score is refused; a site that does not answer, a login that fails are
+typed failures, the rest goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bunshin.engine.commands.suite_check import attempt
+from bunshin.envs import Limits, WorkspaceRuntime
+from bunshin.envs.webarena.suite import WebArenaSuite
+from bunshin.envs.webshop import tasks as shop_tasks
+
+from .shop_server import serve_shop
+
+# the embedded suite's own task files: they are in WebArena's format; one per evaluator kind
+TASKS = {"7": "string_match", "33": "url_match", "45": "program_html, JS on the cart page (the agent's cookie)",
+         "56": "program_html, the review helpers (REST, admin token)",
+         "54": "program_html, func:shopping_get_latest_order_url() then JS", "69": "fuzzy_match: refused, no judge"}
+LIMITS = Limits(memory_bytes=4 << 30, pids=512, command_timeout_s=60)
+
+
+def task_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "config_files"
+    directory.mkdir()
+    files = {path.stem: path for path in shop_tasks.task_files()}
+    for task_id in TASKS:
+        shutil.copy(files[task_id], directory / f"{task_id}.json")
+    return directory
+
+
+@pytest.mark.asyncio
+async def test_webarena_tasks_score_as_their_references_on_the_stand_in_deployment(
+        make_runtime, tmp_path: Path) -> None:
+    rt: WorkspaceRuntime = await make_runtime(limits=LIMITS)
+    directory = task_dir(tmp_path)
+    serving = serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE)  # the catalog the task files name
+    shop = await asyncio.to_thread(serving.__enter__)  # building 20,000 products: off the loop
+    try:
+        suite = WebArenaSuite(task_file=str(directory), sites=[f"shopping={shop.url}"])
+        tasks = {t.id: t for t in suite.tasks()}
+        assert sorted(tasks, key=int) == ["7", "33", "45", "54", "56"]
+        (refused,) = suite.refused()
+        assert refused.file.endswith("69.json") and "fuzzy_match needs a judge model" in refused.reason
+        app = suite.app(tasks["7"])
+        assert app.egress == [f"127.0.0.1:{shop.url.rsplit(':', 1)[1]}"] and app.image == "chromium"
+        base = await rt.create(app)
+        try:
+            # the null attempt first: the site keeps what the reference does (an order, a review), as WebArena's do
+            for task_id in ("7", "33", "45", "54", "56"):
+                null, why, broke = await attempt(suite, base, tasks[task_id], [suite.null_action()])
+                assert (null, broke) == (0.0, False), (task_id, why)
+                score, why, broke = await attempt(suite, base, tasks[task_id], tasks[task_id].reference)
+                assert (score, broke) == (1.0, False), (task_id, TASKS[task_id], why)
+        finally:
+            await base.close()
+        signed = [r for r in shop.requests if r.path == "/customer/account/loginPost/"]
+        assert len(signed) == 10  # every attempt's workspace signed in first (require_login)
+    finally:
+        await asyncio.to_thread(serving.__exit__, None, None, None)
+
+
+def test_a_site_that_does_not_answer_or_a_refused_sign_in_fails_those_rollouts_and_the_batch_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from bunshin.engine.cli import main
+    from bunshin.envs.webshop import store
+
+    directory = task_dir(tmp_path)
+    for task_id in ("54", "56", "69"):
+        (directory / f"{task_id}.json").unlink()
+    free = json.loads((directory / "33.json").read_text())  # a task that signs in to nothing
+    (directory / "33.json").write_text(json.dumps({**free, "require_login": False}))
+
+    def run(site: str, out: Path) -> list[dict[str, object]]:
+        assert main(["eval", "--suite", "webarena", "--task-file", str(directory), "--site", f"shopping={site}",
+                     "--group-size", "1", "--concurrency", "2", "--out", str(out)]) == 0
+        return [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+
+    # nothing answers at that address: every rollout fails at its set-up, naming the site; the run ends normally
+    dead = run("http://127.0.0.1:1", tmp_path / "dead")
+    assert {str(t["task_id"]): t["status"] for t in dead} == {"7": "setup_failed", "45": "setup_failed",
+                                                                "33": "setup_failed"}
+    assert all("does not answer" in str(t["error"]) for t in dead), dead
+    # the site takes another password than WebArena's: the tasks that sign in fail, the one that does not runs
+    monkeypatch.setitem(store.CUSTOMER, "password", "not WebArena's")
+    with serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE) as shop:
+        refused = run(shop.url, tmp_path / "refused")
+    by_task = {str(t["task_id"]): t for t in refused}
+    assert by_task["7"]["status"] == by_task["45"]["status"] == "setup_failed"
+    assert "sign-in to shopping" in str(by_task["7"]["error"]) and "was refused" in str(by_task["7"]["error"])
+    assert by_task["33"]["status"] == "ok" and by_task["33"]["error"] is None, by_task["33"]
