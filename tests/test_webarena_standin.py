@@ -98,3 +98,49 @@ def test_a_site_that_does_not_answer_or_a_refused_sign_in_fails_those_rollouts_a
     assert by_task["7"]["status"] == by_task["45"]["status"] == "setup_failed"
     assert "sign-in to shopping" in str(by_task["7"]["error"]) and "was refused" in str(by_task["7"]["error"])
     assert by_task["33"]["status"] == "ok" and by_task["33"]["error"] is None, by_task["33"]
+
+
+@pytest.mark.asyncio
+async def test_fuzzy_match_asks_the_judge_model_and_a_judge_that_is_down_fails_the_evaluation(
+        make_runtime, openai_server, tmp_path: Path) -> None:
+    import json
+
+    rt: WorkspaceRuntime = await make_runtime(limits=LIMITS)
+    directory = task_dir(tmp_path)
+    for path in directory.iterdir():
+        if path.stem not in ("7", "69"):
+            path.unlink()
+    fuzzy = json.loads((directory / "7.json").read_text())  # the same task, its answer judged by the model
+    fuzzy["task_id"] = 1007
+    fuzzy["eval"]["reference_answers"] = {"fuzzy_match": ["White"]}
+    (directory / "7.json").write_text(json.dumps(fuzzy))
+    judge = openai_server([{"content": "The student answer is Correct."}, {"content": "incorrect"},
+                           {"content": "different"}])
+    serving = serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE)
+    shop = await asyncio.to_thread(serving.__enter__)
+    try:
+        suite = WebArenaSuite(task_file=str(directory), sites=[f"shopping={shop.url}"], judge=judge.url)
+        tasks = {t.id: t for t in suite.tasks()}
+        assert sorted(tasks) == ["1007", "69"] and not suite.refused()
+        base = await rt.create(suite.app(tasks["69"]))
+        try:
+            results = [await attempt(suite, base, tasks[task_id], calls) for task_id, calls in [
+                ("1007", tasks["1007"].reference), ("1007", [suite.null_action()]),
+                ("69", tasks["69"].reference), ("69", [suite.null_action()])]]
+            assert [(score, broke) for score, _, broke in results] == [(1.0, False), (0.0, False), (1.0, False),
+                                                                       (0.0, False)], results
+            asked = [body["messages"][1]["content"] for body in judge.chat_bodies()]
+            assert len(asked) == 3  # "N/A" for the unachievable task is an exact match: no question
+            assert "reference answer: White" in asked[0] and "student answer: White" in asked[0]
+            assert "student answer: \n" in asked[1]
+            assert asked[2].startswith("task: ") and "actual unachievable reason: the product does not exist" in asked[2]
+            # the judge went away: the evaluation fails, naming it; no score is made up
+            down = WebArenaSuite(task_file=str(directory), sites=[f"shopping={shop.url}"],
+                                 judge="http://127.0.0.1:1/v1", judge_model="judge")
+            down_tasks = {t.id: t for t in down.tasks()}
+            score, why, broke = await attempt(down, base, down_tasks["1007"], down_tasks["1007"].reference)
+            assert (score, broke) == (0.0, True) and "judge http://127.0.0.1:1/v1" in str(why), why
+        finally:
+            await base.close()
+    finally:
+        await asyncio.to_thread(serving.__exit__, None, None, None)

@@ -89,6 +89,9 @@ def suite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--site", action="append", default=[], metavar="NAME=URL",
                         help="webarena: a site of the deployment (shopping, shopping_admin, reddit, gitlab, "
                              "wikipedia, map, homepage); repeat it; the others are read from WA_SHOPPING and friends")
+    parser.add_argument("--judge", metavar="URL",
+                        help="webarena: the judge model for fuzzy_match, an OpenAI-compatible server (e.g. "
+                             "http://host:8000/v1); without one those tasks are refused")
     browser_argument(parser)
 
 
@@ -148,9 +151,12 @@ def make_suite(args: argparse.Namespace) -> Suite:
         if args.suite != "osworld":
             raise CommandError(f"--files-cache: suite {args.suite} downloads nothing (an osworld flag)")
         knobs["files_cache"] = str(files_cache)
-    task_file, sites = getattr(args, "task_file", None), getattr(args, "site", [])
-    if (task_file is not None or sites) and args.suite != "webarena":
-        raise CommandError(f"--task-file and --site: suite {args.suite} runs no WebArena deployment (webarena flags)")
+    task_file, sites, judge = getattr(args, "task_file", None), getattr(args, "site", []), getattr(args, "judge", None)
+    if (task_file is not None or sites or judge) and args.suite != "webarena":
+        raise CommandError(f"--task-file, --site and --judge: suite {args.suite} runs no WebArena deployment "
+                           f"(webarena flags)")
+    if judge:
+        knobs["judge"] = judge
     if task_file is not None:
         knobs["task_file"] = str(task_file)
     if sites:

@@ -183,10 +183,11 @@ def token_overlap_judge(intent: str, reference: str, prediction: str) -> float:
 
 
 def string_match(answer: str, reference_answers: dict[str, Any], intent: str,
-                 judge: Judge = token_overlap_judge, string_note: str | None = None) -> float:
+                 judge: Judge = token_overlap_judge, string_note: str | None = None,
+                 ua_judge: Judge | None = None) -> float:
     """WebArena's StringEvaluator: the product of every reference kind's score. For an unachievable task
     (``fuzzy_match: "N/A"``) an answer other than exactly "N/A" is judged against the task's ``string_note`` (the
-    reason it is unachievable), as WebArena's ``ua_match`` does."""
+    reason it is unachievable), as WebArena's ``ua_match`` does (by ``ua_judge``, else ``judge``)."""
     score = 1.0
     for kind, value in reference_answers.items():
         if kind == "exact_match":
@@ -199,7 +200,7 @@ def string_match(answer: str, reference_answers: dict[str, Any], intent: str,
             if value == "N/A":  # the task is not achievable: the answer must say so
                 score *= exact_match("N/A", answer)
                 if score != 1 and string_note:
-                    score = judge(intent, string_note, answer)
+                    score = (ua_judge or judge)(intent, string_note, answer)
             else:
                 for v in value if isinstance(value, list) else [value]:
                     score *= judge(intent, str(v), answer)

@@ -2,7 +2,7 @@
 agent's answer, ``url_match`` on the agent's page, ``program_html`` reading pages in the workspace's Chromium and the
 shopping site's REST API as WebArena's helper functions do.
 
-Owns: ``score`` (the product of a task's evaluators); program_html's targets ('last': the agent's page; a URL: a
+Owns: ``score`` (the product of a task's evaluators; ``fuzzy_match`` asks the judge model given, ``llm_judge.py``); program_html's targets ('last': the agent's page; a URL: a
 throw-away tab with the browser's cookies; ``func:reddit_get_post_url('__last_url__')`` and
 ``func:shopping_get_latest_order_url()``), its locators (JavaScript on ``document``, run as WebArena runs it after
 the target's ``prep_actions``, a script that throws reading as ""; an empty locator: the page's HTML; the review
@@ -22,7 +22,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, Protocol
 
 from ..records import ToolCall
 from ..suites import webarena
@@ -51,13 +51,25 @@ def _no_judge(intent: str, reference: str, prediction: str) -> float:
     raise EvaluationFailed("fuzzy_match needs a judge model; the task should have been refused when loaded")
 
 
-async def score(ws: Workspace, task: webarena.WebArenaTask, answer: str, deployment: Deployment) -> float:
-    """The task's score for the episode that ended with ``answer`` in ``ws`` (0.0 .. 1.0)."""
+class LanguageJudge(Protocol):
+    """A judge model's two questions (``llm_judge.OpenAIJudge``)."""
+
+    def fuzzy(self, intent: str, reference: str, prediction: str) -> float: ...
+
+    def unachievable(self, intent: str, reason: str, prediction: str) -> float: ...
+
+
+async def score(ws: Workspace, task: webarena.WebArenaTask, answer: str, deployment: Deployment,
+                llm: LanguageJudge | None = None) -> float:
+    """The task's score for the episode that ended with ``answer`` in ``ws`` (0.0 .. 1.0); ``llm`` judges
+    ``fuzzy_match`` (a task that needs it was refused when loaded without one)."""
     result = 1.0
     for kind in task.eval.eval_types:
-        if kind == "string_match":
-            result *= webarena.string_match(answer, task.eval.reference_answers or {}, task.intent, _no_judge,
-                                            task.eval.string_note)
+        if kind == "string_match":  # a judge model may be asked: off the loop
+            result *= await asyncio.to_thread(
+                webarena.string_match, answer, task.eval.reference_answers or {}, task.intent,
+                llm.fuzzy if llm is not None else _no_judge, task.eval.string_note,
+                llm.unachievable if llm is not None else _no_judge)
         elif kind == "url_match":
             result *= webarena.url_match(task.eval.reference_url or "", await _agent_url(ws))
         elif kind == "program_html":

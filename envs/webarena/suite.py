@@ -8,7 +8,9 @@ WebArena's account when ``require_login``, then its start URLs), WebArena's acti
 ``envs/webshop``), and scoring with WebArena's evaluators against the deployment (``judge.py``). A task file's own
 ``bunshin_reference`` (ours; WebArena's tasks have none) is its reference solution, elements named by role and name.
 Knobs: ``task_file`` (default libwebarena's ``test.raw.json``), ``sites`` (``NAME=URL`` items; the ``WA_*``
-variables fill the others), ``screenshots``.
+variables fill the others), ``judge`` (an OpenAI-compatible server's URL for ``fuzzy_match``, ``llm_judge.py``;
+without one those tasks are refused) and ``judge_model`` (default: the first it serves; the key, if it needs one,
+in ``BUNSHIN_JUDGE_API_KEY``), ``screenshots``.
 Must never: run a task the deployment cannot serve or evaluate (refused when loaded), or score one whose
 evaluation could not run (``judge.EvaluationFailed``).
 """
@@ -27,6 +29,7 @@ from ..webshop.suite import READ_ONLY, concrete_call, normalize_call, reference_
 from ..webshop.tools import FINAL, SCHEMA
 from ..workspace import Workspace
 from . import judge
+from .llm_judge import OpenAIJudge
 from .sign_in import RECIPES
 from .sites import Deployment
 from .task_file import Loaded, libwebarena_tasks, load
@@ -39,19 +42,22 @@ class WebArenaSuite(Suite):
     tool_schema = SCHEMA
     setup_timeout_s = 120.0  # signing in to a real site and loading its start pages
 
-    def __init__(self, task_file: str | None = None, sites: list[str] | None = None, screenshots: bool = True):
+    def __init__(self, task_file: str | None = None, sites: list[str] | None = None, screenshots: bool = True,
+                 judge: str | None = None, judge_model: str | None = None):
         self.deployment = Deployment.parse(sites or [], os.environ)
         self.task_file = Path(task_file) if task_file else None
         self.screenshots = screenshots
+        self.llm = OpenAIJudge(judge, judge_model, os.environ.get("BUNSHIN_JUDGE_API_KEY")) if judge else None
         self.knobs = {"task_file": str(task_file or "libwebarena"), "sites": sorted(
-            f"{name}={site.url}" for name, site in self.deployment.sites.items()), "screenshots": screenshots}
+            f"{name}={site.url}" for name, site in self.deployment.sites.items()), "screenshots": screenshots,
+            "judge": judge, "judge_model": judge_model}
         self.loaded: Loaded | None = None
         self._specs: dict[str, WebArenaTask] = {}
 
     def tasks(self) -> list[SuiteTask]:
         """The task file's tasks the deployment can run (those it cannot are in ``refused()``)."""
         path = self.task_file if self.task_file is not None else libwebarena_tasks()
-        self.loaded = load(path, self.deployment, judge=False)
+        self.loaded = load(path, self.deployment, judge=self.llm is not None)
         out = []
         for spec in self.loaded.tasks:
             reference = [reference_call(step, path) for step in spec.bunshin_reference]
@@ -123,4 +129,4 @@ class WebArenaSuite(Suite):
 
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         answer = str(final.args.get("answer", "")) if final.name == FINAL else ""
-        return await judge.score(ws, self._specs[task.id], answer, self.deployment)
+        return await judge.score(ws, self._specs[task.id], answer, self.deployment, self.llm)
