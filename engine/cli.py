@@ -23,6 +23,7 @@ from .commands.flags import (
     DEFAULT,
     browser_argument,
     budget_of,
+    deployment_arguments,
     knob,
     make_suite,
     nbytes_of,
@@ -151,14 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     webarena_sub = webarena.add_subparsers(dest="webarena_command", required=True)
     wa_tasks = webarena_sub.add_parser("tasks", help="which tasks of a WebArena task file the sites given can run, "
                                                      "by site and evaluator; refused ones with the reason")
-    wa_tasks.add_argument("--task-file", type=Path, metavar="FILE",
-                          help="test.raw.json (a list of tasks), a task file, or a directory of them (default: "
-                               "libwebarena's test.raw.json, installed by ./scripts/setup.sh --browsergym)")
-    wa_tasks.add_argument("--site", action="append", default=[], metavar="NAME=URL",
-                          help="a site of the deployment (shopping, shopping_admin, reddit, gitlab, wikipedia, map, "
-                               "homepage); repeat it; sites not given are read from WA_SHOPPING and friends")
-    wa_tasks.add_argument("--judge", metavar="URL",
-                          help="an OpenAI-compatible server for fuzzy_match (without one those tasks are refused)")
+    deployment_arguments(wa_tasks)
     wa_tasks.add_argument("--refusals", action="store_true", help="list every refused task with its reason")
     wa_tasks.add_argument("--json", type=Path, help="write the counts as JSON here")
 

@@ -83,19 +83,25 @@ def suite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="osworld: the files OSWorld tasks download, by URL (default $BUNSHIN_FILES_CACHE or "
                              "/var/lib/bunshin/files; fill it with `bunshin files add URL FILE`); a task whose "
                              "file is missing is refused naming the URL")
+    deployment_arguments(parser)
+    browser_argument(parser)
+
+
+BROWSERS = ("text", "chromium")
+
+
+def deployment_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--task-file``, ``--site NAME=URL`` (repeated) and ``--judge URL``: a WebArena deployment, its task file and
+    the judge model its fuzzy_match asks (the suite ``webarena``, ``bunshin webarena tasks``)."""
     parser.add_argument("--task-file", type=Path, metavar="FILE",
-                        help="webarena: WebArena's task file (test.raw.json, a config file or a directory of them; "
-                             "default libwebarena's test.raw.json)")
+                        help="webarena: WebArena's task file (test.raw.json, a list of tasks; a config file; a "
+                             "directory of them; default libwebarena's test.raw.json, ./scripts/setup.sh --browsergym)")
     parser.add_argument("--site", action="append", default=[], metavar="NAME=URL",
                         help="webarena: a site of the deployment (shopping, shopping_admin, reddit, gitlab, "
                              "wikipedia, map, homepage); repeat it; the others are read from WA_SHOPPING and friends")
     parser.add_argument("--judge", metavar="URL",
                         help="webarena: the judge model for fuzzy_match, an OpenAI-compatible server (e.g. "
                              "http://host:8000/v1); without one those tasks are refused")
-    browser_argument(parser)
-
-
-BROWSERS = ("text", "chromium")
 
 
 def browser_argument(parser: argparse.ArgumentParser) -> None:

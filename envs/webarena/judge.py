@@ -32,7 +32,7 @@ from .sites import Deployment
 from .task_file import LATEST_ORDER, LOCATOR_FUNC
 
 REST_TIMEOUT_S = 20.0
-MAX_REST = 16 << 20
+MAX_REST = 16 << 20  # the largest JSON answer read (a site's, a judge model's)
 ADMIN = ("admin", "admin1234")  # WebArena's shopping_site_admin, whose token its helpers read the REST API with
 _GITLAB_ROLE = """(() => {{
   const accounts = [...document.querySelectorAll("td[data-label='Account'] span.gl-avatar-labeled-sublabel")];
@@ -146,30 +146,34 @@ def _site_url(deployment: Deployment, name: str) -> str:
     return deployment.sites[name].url
 
 
-def _rest(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
+def http_json(method: str, url: str, body: Any = None, *, token: str | None = None, label: str = "",
+              timeout_s: float = REST_TIMEOUT_S, error: type[EvaluationFailed] = EvaluationFailed) -> Any:
+    """One JSON request (a bearer ``token`` if given) and its decoded answer, bounded in time and size; every
+    failure an ``error`` whose message starts with ``label`` and the URL (the REST API's, the judge model's)."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url, method=method, headers=headers,
                                      data=json.dumps(body).encode() if body is not None else None)
+    where = f"{label}{url} ({method})"
     try:
-        with urllib.request.urlopen(request, timeout=REST_TIMEOUT_S) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             data = answer.read(MAX_REST + 1)
     except urllib.error.HTTPError as exc:
-        raise EvaluationFailed(f"{method} {url}: HTTP {exc.code} {exc.reason}") from exc
+        raise error(f"{where}: HTTP {exc.code} {exc.reason}") from exc
     except (OSError, urllib.error.URLError) as exc:
-        raise EvaluationFailed(f"{method} {url}: the site does not answer ({exc})") from exc
+        raise error(f"{where}: does not answer ({exc})") from exc
     if len(data) > MAX_REST:
-        raise EvaluationFailed(f"{method} {url}: the answer is over {MAX_REST} bytes")
+        raise error(f"{where}: an answer over {MAX_REST} bytes")
     try:
         return json.loads(data)
     except ValueError as exc:
-        raise EvaluationFailed(f"{method} {url}: not JSON") from exc
+        raise error(f"{where}: not JSON") from exc
 
 
 def _admin_token(shop: str) -> str:
-    token = _rest("POST", f"{shop}/rest/default/V1/integration/admin/token",
-                  {"username": ADMIN[0], "password": ADMIN[1]})
+    token = http_json("POST", f"{shop}/rest/default/V1/integration/admin/token",
+                      {"username": ADMIN[0], "password": ADMIN[1]})
     if not isinstance(token, str):
         raise EvaluationFailed(f"{shop}: the admin token is not a string: {token!r:.200}")
     return token
@@ -180,7 +184,7 @@ def latest_order_url(shop: str) -> str:
     query = urllib.parse.urlencode({"searchCriteria[sortOrders][0][field]": "created_at",
                                     "searchCriteria[sortOrders][0][direction]": "DESC",
                                     "searchCriteria[pageSize]": "1"})
-    found = _rest("GET", f"{shop}/rest/V1/orders?{query}", token=_admin_token(shop))
+    found = http_json("GET", f"{shop}/rest/V1/orders?{query}", token=_admin_token(shop))
     try:
         order_id = int(found["items"][0]["increment_id"])
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -191,7 +195,8 @@ def latest_order_url(shop: str) -> str:
 def latest_review(shop: str, sku: str, field: str) -> str:
     """WebArena's ``shopping_get_sku_latest_review_author`` / ``_rating``: the newest review's nickname, or its
     rating in percent; "" when the product has none."""
-    reviews = _rest("GET", f"{shop}/rest/V1/products/{urllib.parse.quote(sku)}/reviews", token=_admin_token(shop))
+    reviews = http_json("GET", f"{shop}/rest/V1/products/{urllib.parse.quote(sku)}/reviews",
+                        token=_admin_token(shop))
     if not reviews:
         return ""
     try:

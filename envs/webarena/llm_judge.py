@@ -6,21 +6,18 @@ Owns: ``OpenAIJudge``: ``fuzzy`` (is the answer semantically the reference? WebA
 the task cannot be done? ``llm_ua_match``: "different" 0, "same" 1), each one chat completion at temperature 0 and
 768 tokens at most, the model the server serves first unless one is named; every failure typed
 (``JudgeUnavailable``: the server does not answer, answers an error, or gives no verdict), never a score.
-Why urllib: one request per judgement from a worker thread; the engine's aiohttp session is the policy's.
+Why urllib (``judge.http_json``): one request per judgement from a worker thread; the engine's aiohttp session is
+the policy's.
 Must never: score an answer the judge did not judge.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
-from .judge import EvaluationFailed
+from .judge import EvaluationFailed, http_json
 
 TIMEOUT_S = 120.0
-MAX_ANSWER = 4 << 20
 SYSTEM = "You are a helpful assistant"
 
 
@@ -87,21 +84,5 @@ class OpenAIJudge:
         return self.model
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(f"{self.base_url}{path}", method=method, headers=headers,
-                                         data=json.dumps(body).encode() if body is not None else None)
-        try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
-                data = reply.read(MAX_ANSWER + 1)
-        except urllib.error.HTTPError as exc:
-            raise JudgeUnavailable(f"judge {self.base_url}{path}: HTTP {exc.code} {exc.reason}") from exc
-        except (OSError, urllib.error.URLError) as exc:
-            raise JudgeUnavailable(f"judge {self.base_url}{path}: does not answer ({exc})") from exc
-        if len(data) > MAX_ANSWER:
-            raise JudgeUnavailable(f"judge {self.base_url}{path}: an answer over {MAX_ANSWER} bytes")
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise JudgeUnavailable(f"judge {self.base_url}{path}: not JSON") from exc
+        return http_json(method, f"{self.base_url}{path}", body, token=self.api_key, label="judge ",
+                         timeout_s=TIMEOUT_S, error=JudgeUnavailable)

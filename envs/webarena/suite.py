@@ -5,7 +5,7 @@ Owns: the tasks of the task file prepared for the deployment (``task_file.py``; 
 with their reasons), each task's workspace (``app.py``'s Chromium on the image ``chromium``, its egress exactly the
 task's sites: ``AppSpec.egress``), its start as WebArena's harness starts it (signed in to each of its sites with
 WebArena's account when ``require_login``, then its start URLs), WebArena's action language (the web shop's:
-``envs/webshop``), and scoring with WebArena's evaluators against the deployment (``judge.py``). A task file's own
+``envs/webshop/suite.WebArenaActions``), and scoring with WebArena's evaluators against the deployment (``judge.py``). A task file's own
 ``bunshin_reference`` (ours; WebArena's tasks have none) is its reference solution, elements named by role and name.
 Knobs: ``task_file`` (default libwebarena's ``test.raw.json``), ``sites`` (``NAME=URL`` items; the ``WA_*``
 variables fill the others), ``judge`` (an OpenAI-compatible server's URL for ``fuzzy_match``, ``llm_judge.py``;
@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ..records import AppSpec, Observation, ToolCall
-from ..suites.base import Refusal, Suite, SuiteTask, checked
+from ..suites.base import Refusal, SuiteTask, checked
 from ..suites.webarena import WebArenaTask
-from ..webshop.browser.actions import parse_action
-from ..webshop.suite import READ_ONLY, concrete_call, normalize_call, reference_call
-from ..webshop.tools import FINAL, SCHEMA
+from ..webshop.suite import WebArenaActions, reference_call
+from ..webshop.tools import FINAL
 from ..workspace import Workspace
 from . import judge
 from .llm_judge import OpenAIJudge
@@ -37,9 +36,8 @@ from .task_file import Loaded, libwebarena_tasks, load
 SITES_APP = "bunshin.envs.webarena.app:SitesApp"
 
 
-class WebArenaSuite(Suite):
+class WebArenaSuite(WebArenaActions):
     name = "webarena"
-    tool_schema = SCHEMA
     setup_timeout_s = 120.0  # signing in to a real site and loading its start pages
 
     def __init__(self, task_file: str | None = None, sites: list[str] | None = None, screenshots: bool = True,
@@ -104,28 +102,10 @@ class WebArenaSuite(Suite):
         urls = [u.strip() for u in spec.start_url.split("|AND|") if u.strip()]
         return await checked(ws, "_start", {"urls": urls})
 
-    def parse_action(self, text: str) -> ToolCall:
-        return parse_action(text)
-
-    def normalize(self, call: ToolCall) -> ToolCall:
-        return normalize_call(call)
-
-    def is_final(self, call: ToolCall) -> bool:
-        return call.name == FINAL
-
-    def null_action(self) -> ToolCall:
-        return SCHEMA.normalize(ToolCall(name=FINAL))
-
-    def read_only(self, call: ToolCall) -> bool:
-        return call.name in READ_ONLY
-
     def nondeterministic(self, call: ToolCall) -> bool:
         """A deployment's site is shared and changes under the run (other rollouts, its own clock): no step is
         replayed from the prefix cache."""
         return True
-
-    async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
-        return await concrete_call(ws, call)
 
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         answer = str(final.args.get("answer", "")) if final.name == FINAL else ""

@@ -36,7 +36,46 @@ _SYMBOLIC = re.compile(rf"\[({_SYMBOLIC_ID.pattern})\]")
 READ_ONLY = frozenset({"scroll", "hover", "tab_focus", "goto", "go_back", "go_forward"})
 
 
-class WebShopSuite(Suite):
+class WebArenaActions(Suite):
+    """WebArena's action language as a suite speaks it (the web shop's tasks and WebArena's own on a deployment):
+    parsing its text, the calls' normal form, the final ``stop``, looking-only actions, and reference steps that name
+    an element by role and name, resolved on the page of the moment."""
+
+    tool_schema = SCHEMA
+
+    def parse_action(self, text: str) -> ToolCall:
+        return parse_action(text)
+
+    def normalize(self, call: ToolCall) -> ToolCall:
+        """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in, values as declared. A
+        reference step's symbolic ``element_id`` (``@link 'My Account'``) is kept for ``concrete`` to resolve."""
+        target = call.args.get("element_id") if isinstance(call.args, dict) else None
+        if isinstance(target, str) and _SYMBOLIC_ID.fullmatch(target):
+            checked = SCHEMA.normalize(ToolCall(name=call.name, args={**call.args, "element_id": 0}))
+            return ToolCall(name=call.name, args={**checked.args, "element_id": target})
+        return SCHEMA.normalize(call)
+
+    def is_final(self, call: ToolCall) -> bool:
+        return call.name == FINAL
+
+    def null_action(self) -> ToolCall:
+        return SCHEMA.normalize(ToolCall(name=FINAL))  # stop []
+
+    def read_only(self, call: ToolCall) -> bool:
+        """Looking, not doing: scrolling, hovering, switching tabs and GET navigation (``goto``, back, forward)
+        change nothing on the server. A ``click`` or ``type`` may submit a form (add to cart, check out, post a
+        review), and which one does depends on the page, so none is declared."""
+        return call.name in READ_ONLY
+
+    async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
+        target = call.args.get("element_id")
+        if not isinstance(target, str):
+            return call
+        found = await checked(ws, "_element", {"target": target})
+        return ToolCall(name=call.name, args={**call.args, "element_id": found.data["element_id"]})
+
+
+class WebShopSuite(WebArenaActions):
     """Knobs (defaults calibrated with ``bunshin bench sharing``, see docs/suites.md): ``catalog_size`` 20,000
     products; ``image_px`` 40 (each product's stored image, 40x40 RGB: 94 MiB for the catalog, shared by forks);
     ``browser`` ``text`` (the embedded text browser, fast) or ``chromium`` (Debian's Chromium in every workspace,
@@ -50,7 +89,6 @@ class WebShopSuite(Suite):
     ``refused()`` instead of raising; ``envs/suites/task_dir.py``)."""
 
     name = "webshop"
-    tool_schema = SCHEMA
 
     def __init__(self, catalog_size: int = generator.DEFAULT_CATALOG_SIZE,
                  catalog_seed: int = generator.DEFAULT_CATALOG_SEED, image_px: int = 40, screenshots: bool = True,
@@ -139,27 +177,6 @@ class WebShopSuite(Suite):
         url = webarena.expand_url(self._task(task).start_url, self.base_url)
         return await checked(ws, "_start", {"url": url})
 
-    def parse_action(self, text: str) -> ToolCall:
-        return parse_action(text)
-
-    def normalize(self, call: ToolCall) -> ToolCall:
-        return normalize_call(call)
-
-    def is_final(self, call: ToolCall) -> bool:
-        return call.name == FINAL
-
-    def null_action(self) -> ToolCall:
-        return SCHEMA.normalize(ToolCall(name=FINAL))  # stop []
-
-    def read_only(self, call: ToolCall) -> bool:
-        """Looking, not doing: scrolling, hovering, switching tabs and GET navigation (``goto``, back, forward)
-        change nothing on the shop's server. A ``click`` or ``type`` may submit a form (add to cart, check out,
-        post a review), and which one does depends on the page, so none is declared."""
-        return call.name in READ_ONLY
-
-    async def concrete(self, ws: Workspace, call: ToolCall) -> ToolCall:
-        return await concrete_call(ws, call)
-
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         spec = self._task(task)
         answer = str(final.args.get("answer", "")) if final.name == "stop" else ""
@@ -194,11 +211,9 @@ class WebShopSuite(Suite):
         return pages, answers
 
 
-# -- WebArena's action language, shared with WebArena's own tasks on a deployment (envs/webarena/suite.py) ----------
-
 def reference_call(step: str, path: Path | str = "<reference>") -> ToolCall:
     """A reference step; ``[@role 'name']`` in place of an element id is kept as that string in ``element_id`` and
-    resolved by ``concrete_call`` on the page of the moment."""
+    resolved by ``WebArenaActions.concrete`` on the page of the moment."""
     symbolic = _SYMBOLIC.search(step)
     try:
         call = parse_action(_SYMBOLIC.sub("[0]", step, count=1) if symbolic else step)
@@ -207,22 +222,3 @@ def reference_call(step: str, path: Path | str = "<reference>") -> ToolCall:
     if symbolic:
         call = ToolCall(name=call.name, args={**call.args, "element_id": symbolic.group(1)})
     return call
-
-
-def normalize_call(call: ToolCall) -> ToolCall:
-    """The call in the schema's normal form (``tools.SCHEMA``): defaults filled in, values as declared. A reference
-    step's symbolic ``element_id`` (``@link 'My Account'``) is kept for ``concrete_call`` to resolve."""
-    target = call.args.get("element_id") if isinstance(call.args, dict) else None
-    if isinstance(target, str) and _SYMBOLIC_ID.fullmatch(target):
-        checked = SCHEMA.normalize(ToolCall(name=call.name, args={**call.args, "element_id": 0}))
-        return ToolCall(name=call.name, args={**checked.args, "element_id": target})
-    return SCHEMA.normalize(call)
-
-
-async def concrete_call(ws: Workspace, call: ToolCall) -> ToolCall:
-    """A reference step as the workspace takes it: a symbolic element resolved to its id on the current page."""
-    target = call.args.get("element_id")
-    if not isinstance(target, str):
-        return call
-    found = await checked(ws, "_element", {"target": target})
-    return ToolCall(name=call.name, args={**call.args, "element_id": found.data["element_id"]})
