@@ -92,6 +92,7 @@ class RolloutEngine:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.forks_live = forks_live(suite.forks_live, backend)  # a desktop does on the tree fork
+        self._exclusive = asyncio.Lock()  # held by the group running, when the suite's groups must not overlap
         if not self.forks_live and (prefix is not None or speculation is not None):
             raise NeedsLiveFork(suite.name, "the prefix cache" if prefix is not None else "speculation")
         self.suite, self.policy, self.backend = suite, policy, backend
@@ -310,7 +311,7 @@ class RolloutEngine:
         # A group holds an open-group place while it holds a base (bases wait for their turn, not in memory): until
         # every sample has forked it (then the base is closed), or, with the prefix cache, until its root is there.
         await open_groups.acquire()
-        held = True
+        held, alone = True, False
 
         def let_go() -> None:
             nonlocal held
@@ -319,6 +320,15 @@ class RolloutEngine:
                 open_groups.release()
 
         try:
+            if self.suite.exclusive_groups:  # one group at a time: its suite's state is outside the workspaces
+                await self._exclusive.acquire()
+                alone = True
+            if task is not None:
+                try:
+                    await self.suite.before_group(task)  # a deployment's reset, say
+                except Exception as exc:
+                    await self._fail_group(trajectories, exc, finish)
+                    return
             if self.prefix_cache is not None and task is not None and \
                     await self._cached_group(request, task, trajectories, finish, let_go):
                 return
@@ -332,6 +342,8 @@ class RolloutEngine:
                 await base.close()
         finally:
             let_go()
+            if alone:
+                self._exclusive.release()
 
     async def _setup(self, request: RolloutRequest, task: SuiteTask | None, trajectories: list[Trajectory],
                      finish: Finish) -> tuple[Workspace | SetUpPool | None, Observation | None]:

@@ -144,3 +144,89 @@ async def test_fuzzy_match_asks_the_judge_model_and_a_judge_that_is_down_fails_t
             await base.close()
     finally:
         await asyncio.to_thread(serving.__exit__, None, None, None)
+
+
+def test_a_reset_server_resets_the_deployment_before_each_group_one_group_at_a_time(
+        tmp_path: Path) -> None:
+    """WebArena's reset protocol (webarena-setup's reset server: GET /reset, then /status until ready): the suite
+    resets before every group and runs one group at a time, so no page of the site is asked for while a reset
+    runs; a reset that fails fails that group's rollouts at set-up, naming the server, and the run goes on."""
+    import http.server
+    import json
+    import threading
+    import time
+
+    from bunshin.engine.cli import main
+
+    from .shop_server import RecordingShop
+
+    asked: list[float] = []
+
+    class Timed(RecordingShop):
+        def route(self, raw_path: str, session: str = "") -> tuple[int, str, str | bytes]:
+            asked.append(time.monotonic())
+            return super().route(raw_path, session)
+
+    resets: list[tuple[float, float]] = []
+    state = {"running": False, "failed": "", "calls": 0}
+
+    class ResetServer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path == "/reset":
+                state["calls"] += 1
+                if state["running"]:
+                    return self._say(418, "Reset already running")
+                state["running"] = True
+
+                def run(first: bool = state["calls"] == 1) -> None:
+                    began = time.monotonic()
+                    time.sleep(1.0)  # the reset script
+                    state["failed"] = "reset.sh exited with 1" if first else ""
+                    resets.append((began, time.monotonic()))
+                    state["running"] = False
+
+                threading.Thread(target=run, daemon=True).start()
+                return self._say(200, "Reset initiated")
+            if self.path == "/status":
+                if state["running"]:
+                    return self._say(200, "Reset ongoing")
+                return self._say(500, f"Error executing reset script: {state['failed']}") if state["failed"] \
+                    else self._say(200, "Ready for duty!")
+            return self._say(404, "Endpoint not found")
+
+        def _say(self, status: int, text: str) -> None:
+            body = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    directory = task_dir(tmp_path)
+    for task_id in ("54", "56", "69"):
+        (directory / f"{task_id}.json").unlink()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ResetServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE, shop_class=Timed) as shop:
+            out = tmp_path / "run"
+            assert main(["eval", "--suite", "webarena", "--task-file", str(directory), "--site", f"shopping={shop.url}",
+                         "--set", f"full_reset=http://127.0.0.1:{server.server_address[1]}/reset",
+                         "--set", "reset_poll_s=0.2", "--group-size", "2", "--concurrency", "4", "--out",
+                         str(out)]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    failed = [t for t in trajectories if t["status"] != "ok"]
+    assert len(resets) == 3 and len(failed) == 2, trajectories  # the first reset failed: its group's two samples
+    assert all(t["status"] == "setup_failed" and "/status answered 500" in t["error"]
+               and "reset.sh exited with 1" in t["error"] for t in failed)
+    assert len({t["group_id"] for t in failed}) == 1 and len(trajectories) == 6
+    # one group at a time: no page of the site was asked for while a reset ran
+    assert not [t for t in asked for began, ended in resets if began <= t <= ended]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["webarena"]["shared_without_reset"] == [] and len(summary["webarena"]["resets_s"]) == 2
+    assert "reset before each of the 2 groups" in summary["notes"][0]

@@ -69,6 +69,9 @@ class Suite(abc.ABC):
     # The least time a task's setup may need (the engine's set-up deadline is at least this): a real desktop starts
     # applications, slower on a loaded machine. None: the engine's own deadline.
     setup_timeout_s: ClassVar[float | None] = None
+    # Whether a run's groups must not overlap: the suite's state lives outside the workspaces (a deployment's sites),
+    # and ``before_group`` brings it back to the start. The engine then runs one group at a time.
+    exclusive_groups: bool = False
 
     @abc.abstractmethod
     def tasks(self) -> list[SuiteTask]:
@@ -133,6 +136,12 @@ class Suite(abc.ABC):
     @abc.abstractmethod
     async def evaluate(self, ws: Workspace, task: SuiteTask, final: ToolCall) -> float:
         """Score the episode that ended with ``final``, reading the workspace's state (0.0 .. 1.0)."""
+
+    async def before_group(self, task: SuiteTask) -> None:
+        """Before a group's set-up (alone, when ``exclusive_groups``): bring the state the suite keeps outside its
+        workspaces to the task's start (a deployment's reset). A failure fails that group's rollouts at set-up.
+        Default: nothing."""
+        return None
 
     def report(self, ran: list[str]) -> dict[str, Any]:
         """What the suite adds to a run's summary, given the ids of the tasks the run rolled out (its counts; under

@@ -5,12 +5,15 @@ Owns: the tasks of the task file prepared for the deployment (``task_file.py``; 
 with their reasons), each task's workspace (``app.py``'s Chromium on the image ``chromium``, its egress exactly the
 task's sites: ``AppSpec.egress``), its start as WebArena's harness starts it (signed in to each of its sites with
 WebArena's account when ``require_login``, then its start URLs), WebArena's action language (the web shop's:
-``envs/webshop/suite.WebArenaActions``), and scoring with WebArena's evaluators against the deployment (``judge.py``). A task file's own
-``bunshin_reference`` (ours; WebArena's tasks have none) is its reference solution, elements named by role and name.
+``envs/webshop/suite.WebArenaActions``), scoring with WebArena's evaluators against the deployment (``judge.py``),
+and WebArena's reset between groups when given (``reset.py``). A task file's own ``bunshin_reference`` (ours;
+WebArena's tasks have none) is its reference solution, elements named by role and name.
 Knobs: ``task_file`` (default libwebarena's ``test.raw.json``), ``sites`` (``NAME=URL`` items; the ``WA_*``
 variables fill the others), ``judge`` (an OpenAI-compatible server's URL for ``fuzzy_match``, ``llm_judge.py``;
 without one those tasks are refused) and ``judge_model`` (default: the first it serves; the key, if it needs one,
-in ``BUNSHIN_JUDGE_API_KEY``), ``screenshots``.
+in ``BUNSHIN_JUDGE_API_KEY``), ``full_reset`` (WebArena's reset server, default ``WA_FULL_RESET``: the deployment
+is reset before every group and the groups run one at a time; without one the summary says the rollouts shared the
+sites) and ``reset_poll_s``, ``screenshots``.
 Must never: run a task the deployment cannot serve or evaluate (refused when loaded), or score one whose
 evaluation could not run (``judge.EvaluationFailed``).
 """
@@ -27,7 +30,7 @@ from ..suites.webarena import WebArenaTask
 from ..webshop.suite import WebArenaActions, reference_call
 from ..webshop.tools import FINAL
 from ..workspace import Workspace
-from . import judge
+from . import judge, reset
 from .llm_judge import OpenAIJudge
 from .sign_in import RECIPES
 from .sites import Deployment
@@ -41,14 +44,20 @@ class WebArenaSuite(WebArenaActions):
     setup_timeout_s = 120.0  # signing in to a real site and loading its start pages
 
     def __init__(self, task_file: str | None = None, sites: list[str] | None = None, screenshots: bool = True,
-                 judge: str | None = None, judge_model: str | None = None):
+                 judge: str | None = None, judge_model: str | None = None, full_reset: str | None = None,
+                 reset_poll_s: float = reset.POLL_S):
         self.deployment = Deployment.parse(sites or [], os.environ)
         self.task_file = Path(task_file) if task_file else None
         self.screenshots = screenshots
         self.llm = OpenAIJudge(judge, judge_model, os.environ.get("BUNSHIN_JUDGE_API_KEY")) if judge else None
+        # WebArena's reset server (``WA_FULL_RESET``): the deployment is reset before every group, one group at a time
+        self.full_reset = full_reset or os.environ.get("WA_FULL_RESET") or None
+        self.reset_poll_s = reset_poll_s
+        self.exclusive_groups = self.full_reset is not None
+        self.resets: list[float] = []  # the seconds each reset of this run took
         self.knobs = {"task_file": str(task_file or "libwebarena"), "sites": sorted(
             f"{name}={site.url}" for name, site in self.deployment.sites.items()), "screenshots": screenshots,
-            "judge": judge, "judge_model": judge_model}
+            "judge": judge, "judge_model": judge_model, "full_reset": self.full_reset}
         self.loaded: Loaded | None = None
         self._specs: dict[str, WebArenaTask] = {}
 
@@ -81,11 +90,24 @@ class WebArenaSuite(WebArenaActions):
                 run_sites[site] = run_sites.get(site, 0) + 1
             for kind in spec.eval.eval_types if spec is not None else []:
                 run_evals[kind] = run_evals.get(kind, 0) + 1
-        notes = [f"the rollouts shared the site{'s' if len(run_sites) > 1 else ''} {', '.join(sorted(run_sites))} "
-                 f"without a reset between them (WebArena's sites keep state; no reset protocol ran)"] if ran else []
+        sites = f"site{'s' if len(run_sites) > 1 else ''} {', '.join(sorted(run_sites))}"
+        if not ran:
+            notes = []
+        elif self.full_reset is None:
+            notes = [f"the rollouts shared the {sites} without a reset between them (WebArena's sites keep state; "
+                     f"no reset server was given: WA_FULL_RESET or --set full_reset=URL)"]
+        else:
+            notes = [f"the deployment was reset before each of the {len(self.resets)} groups that started (one group "
+                     f"at a time; {sum(self.resets):.0f} s of resets); the samples of a group shared the {sites}"]
         return {"webarena": {"tasks": self.loaded.counts() if self.loaded is not None else {},
                              "ran_by_site": run_sites, "ran_by_evaluator": run_evals,
-                             "shared_without_reset": sorted(run_sites)}, "notes": notes}
+                             "shared_without_reset": sorted(run_sites) if self.full_reset is None else [],
+                             "resets_s": [round(r, 1) for r in self.resets]}, "notes": notes}
+
+    async def before_group(self, task: SuiteTask) -> None:
+        """With a reset server: the deployment reset (``reset.full_reset``) before the group sets up."""
+        if self.full_reset is not None:
+            self.resets.append(await reset.full_reset(self.full_reset, poll_s=self.reset_poll_s))
 
     def app(self, task: SuiteTask | None = None) -> AppSpec:
         """Chromium on the image ``chromium``, reaching the task's sites (every site given, without a task)."""
