@@ -102,7 +102,7 @@ async def test_a_workspace_reaches_its_sites_and_nothing_else(make_runtime) -> N
         # the agent's shell without the proxy: no route anywhere (its namespace has only its own loopback)
         direct = await fetch(ws, "direct", f"{shop.url}/")
         assert direct.startswith("ERROR "), direct
-        assert ws.egress is not None and ws.egress.refused == [
+        assert ws.egress is not None and list(ws.egress.refused) == [
             f"127.0.0.1:{other_port}: not allowed", f"127.0.0.2:{far_port}: not allowed",
             f"127.0.0.2:{far_port}: not allowed"]
         # a clone has a proxy of its own, in its own namespace, with the same list
@@ -135,3 +135,26 @@ def test_a_bad_egress_entry_is_refused_naming_it(entry: str) -> None:
     with pytest.raises(BadEgress, match="expected host:port"):
         parse_allow([entry])
     assert parse_allow(["Shop.Example:7770", "[::1]:80"]) == {("shop.example", 7770), ("::1", 80)}
+
+
+@pytest.mark.asyncio
+async def test_what_the_proxy_keeps_of_its_refusals_is_bounded() -> None:
+    """An agent may ask for what it may not have forever: the proxy keeps the latest refusals only. (Its listening
+    port is made in this process's own network namespace here: no workspace is needed to ask it.)"""
+    import asyncio
+    import os
+
+    from bunshin.envs.runtime import egress
+
+    proxy = egress.EgressProxy(parse_allow(["127.0.0.1:1"]))
+    await proxy.start(os.getpid())
+    try:
+        for i in range(egress.KEPT_REFUSALS + 5):
+            reader, writer = await asyncio.open_connection("127.0.0.1", egress.EGRESS_PORT)
+            writer.write(f"GET http://10.0.0.{i % 250 + 1}:80/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert (await reader.readline()).startswith(b"HTTP/1.1 403 ")
+            writer.close()
+        assert len(proxy.refused) == egress.KEPT_REFUSALS
+        assert proxy.refused[-1] == f"10.0.0.{(egress.KEPT_REFUSALS + 4) % 250 + 1}:80: not allowed"
+    finally:
+        await proxy.close()

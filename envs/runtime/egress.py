@@ -19,6 +19,7 @@ after ``close()``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import urllib.parse
 
@@ -30,6 +31,7 @@ EGRESS_PORT = 3128  # inside every workspace with egress: http://127.0.0.1:3128 
 MAX_HEAD = 64 << 10  # a request's line and headers
 HEAD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+KEPT_REFUSALS = 1000
 _DROPPED = {"proxy-connection", "proxy-authorization", "connection", "keep-alive"}
 
 
@@ -66,7 +68,8 @@ class EgressProxy:
         self.allowed = allowed
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
-        self.refused: list[str] = []  # what it said no to, in order ("host:port: why"), for tests and reports
+        # what it said no to, the latest ``KEPT_REFUSALS`` in order ("host:port: why"): an agent may ask forever
+        self.refused: collections.deque[str] = collections.deque(maxlen=KEPT_REFUSALS)
 
     async def start(self, pid: int) -> None:
         sock = await asyncio.to_thread(listen_inside, pid, EGRESS_PORT)
