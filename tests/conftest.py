@@ -235,6 +235,3 @@ async def loop_watchdog() -> AsyncIterator[None]:
     where = f"\nthe loop's thread {longest[0]:.2f}s into a late heartbeat:\n{longest[1]}" if longest else ""
     assert worst < 1.0, (f"the event loop was blocked for {worst:.2f}s (its longest wait for a CPU, not counted: "
                          f"{starved:.2f}s){where}")
-
-
-from .scripted_model import openai_server  # noqa: E402,F401  (a fixture every test module may use)

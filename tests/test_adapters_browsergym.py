@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,16 @@ _TARGET = re.compile(r"^(\w+) \[@(\w+) '((?:[^'\\]|\\.)*)'\](.*)$")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return bg.debian_chromium(tmp_path_factory.mktemp("playwright"))
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield bg.debian_chromium(tmp_path_factory.mktemp("playwright"))
+    # BrowserGym keeps one Playwright for the process, whose sync API leaves an event loop marked running on this
+    # thread: every later asyncio test would find it ("cannot be called from a running event loop"). Stopped here.
+    import browsergym.core
+
+    playwright = browsergym.core._PLAYWRIGHT
+    if playwright is not None:
+        playwright.stop()
+        browsergym.core._set_global_playwright(None)
 
 
 def task_kwargs(state_dir: Path) -> dict[str, Any]:
@@ -105,7 +114,11 @@ def play(env: Any, steps: list[str], seed: int) -> tuple[float, bool, dict[str, 
         for action in browsergym_actions(step, obs):
             assert not terminated, f"the episode ended before {action}"
             obs, reward, terminated, truncated, info = env.step(action)
-            assert not obs["last_action_error"], (action, obs["last_action_error"])
+            error = obs["last_action_error"]
+            # BrowserGym's actions wait 500 ms for the navigation they start; on a loaded machine a click that was
+            # done can time out there (BrowserGym's own limit), the page loading on: that is not the agent's error
+            assert not error or ("action done" in error and "waiting for scheduled navigations" in error), \
+                (action, error)
             assert not truncated
     return float(reward), terminated, obs
 

@@ -307,6 +307,8 @@ def test_requests_name_their_groups() -> None:
     assert msgspec.json.decode(msgspec.json.encode(r), type=RolloutRequest) == r
 
 
+from .test_openai_policy import openai_server  # noqa: E402,F401  (the real scripted model server, as a fixture)
+
 
 @pytest.mark.asyncio
 async def test_a_model_server_policy_keeps_token_ids_and_logprobs_in_the_trajectory(

@@ -29,7 +29,11 @@ from tests.openai_server import logprob_of, tokenize
 from .conftest import assert_no_leaks
 from .test_engine import TASKS, shop, task_dir  # noqa: F401  (the webshop tasks, a module fixture)
 from .test_engine_core import Language
-from .test_openai_policy import advance, context
+from .test_openai_policy import (
+    advance,
+    context,
+    openai_server,  # noqa: F401  (the real scripted server, as a fixture)
+)
 
 
 def step(index: int, prompt: list[int] | None, response: list[int] | None, logprobs: list[float] | None = None,

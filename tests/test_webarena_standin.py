@@ -100,9 +100,12 @@ def test_a_site_that_does_not_answer_or_a_refused_sign_in_fails_those_rollouts_a
     assert by_task["33"]["status"] == "ok" and by_task["33"]["error"] is None, by_task["33"]
 
 
+from .test_openai_policy import openai_server  # noqa: E402,F401  (the real scripted model server, as a fixture)
+
+
 @pytest.mark.asyncio
 async def test_fuzzy_match_asks_the_judge_model_and_a_judge_that_is_down_fails_the_evaluation(
-        make_runtime, openai_server, tmp_path: Path) -> None:
+        make_runtime, openai_server, tmp_path: Path) -> None:  # noqa: F811
     import json
 
     rt: WorkspaceRuntime = await make_runtime(limits=LIMITS)
