@@ -264,7 +264,8 @@ def test_a_tree_whose_root_is_not_its_namespaces_pid_1_is_refused(tree: list[Tre
 
 
 def test_a_zombie_is_planned_to_exit_again_with_its_status(tree: list[Tree]) -> None:
-    t = python_tree(tree, "pid = os.fork()\nif pid == 0: os._exit(3)\ntime.sleep(0.3)")
+    t = python_tree(tree, "pid = os.fork()\nif pid == 0: os._exit(3)\n"
+                    "os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)")  # a zombie now, not reaped
     plan = read_tree(t.init, hostname="box")
     [zombie] = [p for p in plan.processes if p.zombie]
     assert zombie.pid == 2 and zombie.ppid == 1 and zombie.exit_code == 3 << 8 and not zombie.descriptors
@@ -580,7 +581,8 @@ TERMINAL = DEVPTS + (
     "        while True: time.sleep(1)\n    while True: time.sleep(1)\n"
     "fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack('HHHH', 33, 101, 0, 0))\n"
     "a = termios.tcgetattr(master); a[3] &= ~termios.ECHO; termios.tcsetattr(master, termios.TCSANOW, a)\n"
-    "while os.tcgetpgrp(master) == pid: time.sleep(0.01)\n")
+    # until pid 3's group is the foreground: 0 before the child took the terminal, its own group until pid 3 took it
+    "while os.tcgetpgrp(master) in (0, pid): time.sleep(0.01)\n")
 
 
 def test_a_terminal_is_planned_with_its_index_termios_window_controlling_session_and_foreground_group(
@@ -624,9 +626,11 @@ PTY_REFUSALS = {
     "a pty master still locked": (
         DEVPTS + "m = os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY)", "pid 1 fd", "still locked"),
     "a controlling terminal that is not a pty of the tree": (
-        DEVPTS + "if os.fork() == 0:\n    os.setsid(); fcntl.ioctl(HOST_PTY, termios.TIOCSCTTY, 0)\n"
-        "    os.close(HOST_PTY); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1)\n    while True: time.sleep(1)\n"
-        "os.close(HOST_PTY); time.sleep(0.3)", "pid 2", "not a pty of the tree"),
+        DEVPTS + "r, w = os.pipe()\nif os.fork() == 0:\n    os.close(r); os.setsid(); fcntl.ioctl(HOST_PTY, termios.TIOCSCTTY, 0)\n"
+        "    os.close(HOST_PTY); n = os.open('/dev/null', os.O_RDWR); os.dup2(n, 1); os.close(w)\n"
+        "    while True: time.sleep(1)\n"
+        "os.close(w); os.close(HOST_PTY); os.read(r, 1); os.close(r)",  # EOF once pid 2 took the terminal
+        "pid 2", "not a pty of the tree"),
 }
 
 

@@ -202,6 +202,25 @@ def _init_of(launcher: int) -> int:
     return 0
 
 
+def until_started(box: Container, ready: Callable[[Container], bool], what: str, deadline_s: float = 120.0) -> None:
+    """Wait until ``ready(box)`` says ``box``'s program has started (``what``). A fixed sleep is not enough: under TCG
+    beside other jobs a start can take seconds, and a tree forked mid-start is refused (its pid 1 still the
+    launcher's shell, say, with the launcher's log open). A start that never comes raises, with the log."""
+    deadline = time.monotonic() + deadline_s
+    while not ready(box):
+        if time.monotonic() > deadline or box.launcher is None or box.launcher.poll() is not None:
+            log = (WORK / box.name / "launcher.log").read_text()[-2000:]
+            raise RuntimeError(f"{box.name}: {what} did not happen within {deadline_s:.0f} s: {log}")
+        time.sleep(0.05)
+
+
+def threads_running(box: Container) -> bool:
+    """Whether the threads program in ``box`` has written its first report (it has exec'd and its threads run)."""
+    with contextlib.suppress(OSError, ValueError):
+        return "ticks" in threads_report(box)
+    return False
+
+
 def fork(source: Container, name: str, builder: str, made: list[Container], fault: str = "",
          fault_pid: int = 1, inherit: dict[tuple[int, int], int] | None = None) -> tuple[Container, float]:
     """A tree fork of the frozen ``source``: returns the clone, frozen before its first instruction, and the
@@ -370,9 +389,7 @@ def workload_threads(args: argparse.Namespace) -> list[str]:
     with containers() as made:
         source = start("threads", ["/tmp/treefork-threads", "2", "/tmp/threads.out"], files=(args.threads_bin,))
         made.append(source)
-        time.sleep(1)
-        if not source.path("/tmp/threads.out").exists():
-            return [f"the workload did not start: {(WORK / 'threads' / 'launcher.log').read_text()[-2000:]}"]
+        until_started(source, threads_running, "its first report")
         chain = [source]
         for generation in range(1, args.generations + 1):
             parent = chain[-1]
@@ -412,7 +429,7 @@ def fan_out(args: argparse.Namespace, n: int = 4, heap_mib: int = 32) -> list[st
     with containers() as made:
         source = start("fan", ["/tmp/treefork-threads", str(heap_mib), "/tmp/threads.out"], files=(args.threads_bin,))
         made.append(source)
-        time.sleep(1)
+        until_started(source, threads_running, "its first report")
         source.freeze(True)
         clones = []
         for k in range(n):
@@ -463,6 +480,11 @@ def _daemon_adopted(box: Container) -> bool:
     return False
 
 
+def shell_started(box: Container) -> bool:
+    """Whether SHELL_SCRIPT in ``box`` has started its job and its daemon (the daemon's session leader gone)."""
+    return box.path("/tmp/job").exists() and box.path("/tmp/daemon").exists() and _daemon_adopted(box)
+
+
 def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -475,10 +497,7 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
     with containers() as made:
         source = start("shell", ["/bin/sh", "-c", SHELL_SCRIPT])
         made.append(source)
-        time.sleep(1.5)
-        deadline = time.monotonic() + 60  # the daemon's session leader gone (slow under TCG beside other jobs)
-        while not _daemon_adopted(source) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until_started(source, shell_started, "its job and its daemon")
         job = int(source.path("/tmp/job").read_text())
         job_host = next(p for p in _tree(source.init) if _ns_pid(p) == job)
         (source.cgroup / "jobs").mkdir()  # the background job in a cgroup below the shell's, as an agent's is
@@ -1170,7 +1189,7 @@ def workload_faults(args: argparse.Namespace) -> list[str]:
     with containers() as made:
         source = start("faults", ["/bin/sh", "-c", SHELL_SCRIPT])
         made.append(source)
-        time.sleep(1.5)
+        until_started(source, shell_started, "its job and its daemon")
         for n, (who, at, pid) in enumerate(cases):
             pid = pid or int(source.path("/tmp/job").read_text())  # the background job: always there
             baseline = _guest_state()
@@ -1192,7 +1211,7 @@ def workload_faults(args: argparse.Namespace) -> list[str]:
                 made.remove(source)
                 source = start("faults", ["/bin/sh", "-c", SHELL_SCRIPT])
                 made.append(source)
-                time.sleep(1.5)
+                until_started(source, shell_started, "its job and its daemon")
                 baseline = _guest_state()
             state = _settled(baseline)
             say(f"{who} killed at {at} (pid {pid}): {outcome}; source {'runs on' if source_alive else 'gone'}")
