@@ -5,11 +5,11 @@ test that starts one, a loop watchdog on every async test, every async test on b
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
-import sys
+import tempfile
 import threading
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -185,53 +185,65 @@ def _cpu_wait_s() -> float:
         return 0.0
 
 
+DUMP_AFTER_S = 0.75  # a heartbeat this late has the loop thread's stack dumped (the test fails from 1 s)
+
+
+def _thread_in_dump(dump: str, ident: int) -> str:
+    """The thread ``ident``'s stack (most recent call first) in ``faulthandler``'s ``dump``, whose threads each start
+    with a line "Thread 0x... (most recent call first):" followed by their frames' lines."""
+    frames: list[str] = []
+    ours = False
+    for line in dump.splitlines():
+        words = line.split()
+        if words[:1] in (["Thread"], ["Current"]):
+            ours = any(w.startswith("0x") and int(w, 16) == ident for w in words)
+        elif ours and line.startswith("  "):
+            frames.append(line)
+    return "\n".join(frames[:15])
+
+
 @pytest_asyncio.fixture
 async def loop_watchdog() -> AsyncIterator[None]:
     """Fails an async test during which the event loop was blocked for more than a second, naming where the loop's
-    thread was when it was blocked longest (a sampling thread reads its stack while a heartbeat is overdue).
+    thread was when it was blocked longest.
 
     Blocked means our code held the loop: running, or sleeping in a call. Time the loop's thread spent runnable but
     waiting for a CPU (two cores shared with a batch of busy browsers) is not the code's doing and is not counted; it
-    is reported beside."""
+    is reported beside. Where it was comes from ``faulthandler``'s timer, armed for every heartbeat: its C thread
+    dumps the stacks without the GIL, so a call that holds the GIL (a C extension's, a fork) is named too."""
     worst = starved = 0.0
     stop = False
-    beat_at = time.monotonic()
     loop_thread = threading.get_ident()
-    longest: tuple[float, str] | None = None  # the latest heartbeat sampled, and the loop thread's stack then
+    dumps = tempfile.TemporaryFile()  # noqa: SIM115 (faulthandler writes to its descriptor)
+    longest = ""  # the loop thread's stack, dumped during the worst heartbeat
 
     async def beat() -> None:
-        nonlocal worst, starved, beat_at
+        nonlocal worst, starved, longest
         while not stop:
-            before = beat_at = time.monotonic()
+            before = time.monotonic()
             waited = _cpu_wait_s()
+            dumped = os.fstat(dumps.fileno()).st_size
+            faulthandler.dump_traceback_later(DUMP_AFTER_S, file=dumps)
             await asyncio.sleep(0.05)
+            faulthandler.cancel_dump_traceback_later()
             waited = _cpu_wait_s() - waited
             starved = max(starved, waited)
-            worst = max(worst, time.monotonic() - before - 0.05 - waited)
+            blocked = time.monotonic() - before - 0.05 - waited
+            if blocked > worst:
+                worst = blocked
+                size = os.fstat(dumps.fileno()).st_size
+                if size > dumped:
+                    longest = _thread_in_dump(os.pread(dumps.fileno(), min(size - dumped, 1 << 20), dumped)
+                                              .decode(errors="replace"), loop_thread)
 
-    def sample() -> None:
-        nonlocal longest
-        while not stop:
-            time.sleep(0.1)
-            late = time.monotonic() - beat_at - 0.05
-            if late <= 0.5 or (longest is not None and late <= longest[0]):
-                continue
-            # A frame held keeps its function's locals alive after it returns (a numpy view of an mmap then makes
-            # the mmap's close fail): hold it only while formatting it.
-            frame = sys._current_frames().get(loop_thread)
-            try:
-                if frame is not None:
-                    longest = late, "".join(traceback.format_stack(frame)[-12:])
-            finally:
-                del frame
-
-    sampler = threading.Thread(target=sample, name="loop-watchdog", daemon=True)
-    sampler.start()
     task = asyncio.get_running_loop().create_task(beat())
-    yield
-    stop = True
-    await task
-    sampler.join()
-    where = f"\nthe loop's thread {longest[0]:.2f}s into a late heartbeat:\n{longest[1]}" if longest else ""
+    try:
+        yield
+    finally:
+        stop = True
+        await task
+        faulthandler.cancel_dump_traceback_later()
+        dumps.close()
+    where = f"\nthe loop's thread {DUMP_AFTER_S} s into its longest block:\n{longest}" if longest else ""
     assert worst < 1.0, (f"the event loop was blocked for {worst:.2f}s (its longest wait for a CPU, not counted: "
                          f"{starved:.2f}s){where}")
