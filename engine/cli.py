@@ -44,6 +44,16 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"bad size list {text!r}: {exc}") from exc
 
 
+def _pages(text: str) -> tuple[str, ...]:
+    from .bench.fork import PAGES
+
+    pages = tuple(p for p in text.split(",") if p)
+    unknown = [p for p in pages if p not in PAGES]
+    if unknown or not pages:
+        raise argparse.ArgumentTypeError(f"bad page list {text!r}: each one of {', '.join(PAGES)}")
+    return pages
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part]
@@ -170,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--sizes", type=_sizes, default=_sizes("64M,256M,1G"))
     fork.add_argument("--backends", type=_backends, default=["cow", "restore"])
     fork.add_argument("--forks", type=int, default=10, help="forks per backend and size")
+    fork.add_argument("--pages", type=_pages, default=("huge",),
+                      help="the heap's pages: huge (advised THP, as the apps' heaps are), 4k (an application that "
+                           "does not advise its memory), or both: huge,4k")
+    fork.add_argument("--peer", choices=["sandlock"], default=None,
+                      help="also fork the same heap with Sandlock's process fork (pip package sandlock), in the same "
+                           "run: ratios cow/peer")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
     fork.add_argument("--browser", choices=["chromium"], default=None,
@@ -394,7 +410,8 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError("bench fork: --modes needs --browser chromium")
         from .bench import fork as bench_fork
 
-        event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot))
+        event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot, args.pages,
+                                      args.peer))
         return 0
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory

@@ -84,11 +84,15 @@ class HugeHeap:
     ~1.6 ms, and a write after the fork still copies only 4 KiB (the kernel splits the huge page).
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, huge_pages: bool = True):
+        """``huge_pages=False``: 4 KiB pages, asked for explicitly (``MADV_NOHUGEPAGE``, whatever the system's THP
+        mode): what an application that never advises its memory gets, as ``bench fork --pages 4k`` measures."""
         self.size = size
+        self.huge_pages = huge_pages
         self.map = mmap.mmap(-1, max(size, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            self.map.madvise(mmap.MADV_HUGEPAGE)
+        advice = "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE"
+        if hasattr(mmap, advice):
+            self.map.madvise(getattr(mmap, advice))
 
     def close(self) -> None:
         self.map.close()
@@ -98,18 +102,18 @@ class HugeHeap:
         from its memory, and ``state_image.load`` hands back fresh heap memory that the heap adopts."""
         if protocol < 5:
             raise pickle.PicklingError("a HugeHeap pickles with protocol 5 only (its bytes go out of band)")
-        return _adopt_heap, (self.size, pickle.PickleBuffer(memoryview(self.map)[:self.size]))
+        return _adopt_heap, (self.size, pickle.PickleBuffer(memoryview(self.map)[:self.size]), self.huge_pages)
 
 
-def _adopt_heap(size: int, buffer: Any) -> HugeHeap:
+def _adopt_heap(size: int, buffer: Any, huge_pages: bool = True) -> HugeHeap:
     """A heap around ``buffer``: adopted when it is a view of fresh anonymous memory, copied otherwise."""
     view = memoryview(buffer)
     owner = view.obj
     if isinstance(owner, mmap.mmap) and len(owner) >= size:
         heap = HugeHeap.__new__(HugeHeap)
-        heap.size, heap.map = size, owner
+        heap.size, heap.map, heap.huge_pages = size, owner, huge_pages
         return heap
-    heap = HugeHeap(size)
+    heap = HugeHeap(size, huge_pages)
     heap.map[:size] = view[:size]
     return heap
 

@@ -55,6 +55,34 @@ def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
     assert restore["again_ms"] and all(f > 0 for f in restore["freeze_ms"])  # every round dumps a new state
 
 
+def test_bench_fork_in_4k_pages_and_against_sandlock(tmp_path: Path) -> None:
+    """``--pages huge,4k --peer sandlock``: the workspace's heap in the pages asked for (none of it in huge pages
+    with 4k), Sandlock's process fork of the same heap measured in the same run, and the ratios cow/sandlock."""
+    out, plot = tmp_path / "fork.json", tmp_path / "fork.png"
+    size = 32 << 20
+    proc = bunshin("bench", "fork", "--sizes", "32M", "--backends", "cow", "--forks", "2", "--pages", "huge,4k",
+                   "--peer", "sandlock", "--json", str(out), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    rows = {(r["backend"], r["pages"]): r for r in data["results"]}
+    assert sorted(rows) == [("cow", "4k"), ("cow", "huge"), ("sandlock", "4k"), ("sandlock", "huge")]
+    for backend in ("cow", "sandlock"):
+        assert rows[backend, "4k"]["source_huge_bytes"] == 0
+        assert rows[backend, "huge"]["source_huge_bytes"] >= size // 2  # THP in madvise mode here
+    for row in rows.values():
+        assert row["ready_ms_p50"] > 0 and row["clone_private_bytes"] > 0 and row["size_bytes"] == size
+        assert row["clone_private_bytes"] < size // 4  # a copy-on-write fork, on both sides
+    assert "freeze_ms_p50" not in rows["sandlock", "huge"]  # the peer does not stop its source: nothing measured
+    ratios = {r["pages"]: r for r in data["ratios_cow_vs_sandlock"]}
+    assert set(ratios) == {"huge", "4k"}
+    for page, r in ratios.items():
+        assert r["ready_p50_ratio"] == rows["cow", page]["ready_ms_p50"] / rows["sandlock", page]["ready_ms_p50"]
+    assert "ready cow/sandlock" in proc.stdout and "[sandlock 32 MiB 4k] round 2/2" in proc.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = bunshin("bench", "fork", "--pages", "2m")
+    assert bad.returncode == 2 and "bad page list '2m'" in bad.stderr
+
+
 def test_bench_memory_repeats_and_summarises(tmp_path: Path) -> None:
     """Two repeats of a tiny batch on both backends: every run's figures (peak, mean, wall, GiB*s, the PSS sum,
     page tables, engine and nursery), their medians and ranges, and the ratios within a repeat."""

@@ -1,16 +1,20 @@
-"""``bunshin bench fork``: the live fork against the private-restore baseline, by workspace size.
+"""``bunshin bench fork``: the live fork against the private-restore baseline, by workspace size and page size,
+and against a peer's process fork (``--peer sandlock``, ``fork_peer.py``).
 
-Owns: filling a workspace application with live heap state, forking it repeatedly with each backend, and
+Owns: filling a workspace application with live heap state (in huge pages, or in 4 KiB pages with ``--pages 4k``:
+an application that does not advise its memory), forking it repeatedly with each backend, and
 measuring per round: a tool call on the source (a new state), a first fork (the source's freeze window: for the
 restore backend its dump; fork-to-ready, that dump included) and a second fork of the same state (fork-to-ready:
 a restore from the existing dump, as CRIU restores one image many times); the first clone's private memory and
 page tables right after the fork and after it writes 1% and 10% of its heap pages.
-Must never: compare numbers from different runs: both backends run here, in this process, one after the other.
+Must never: compare numbers from different runs: both backends and the peer run here, one after the other (the
+peer in a process of its own, as a workspace's host is one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +28,8 @@ from ..errors import EngineError
 from ..report import human_bytes, markdown_table, percentile, pyplot, write_json
 
 COLUMNS = [
-    ("backend", "backend"), ("size", "size"), ("forks", "forks"),
+    ("backend", "backend"), ("size", "size"), ("pages", "pages"), ("source_huge", "source in huge pages"),
+    ("forks", "forks"),
     ("freeze_ms_p50", "freeze p50 ms"), ("freeze_ms_p95", "freeze p95 ms"),
     ("ready_ms_p50", "ready p50 ms"), ("ready_ms_p95", "ready p95 ms"),
     ("again_ms_p50", "same state again: ready p50 ms"),
@@ -37,15 +42,20 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
-    app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": size})
+PAGES = ("huge", "4k")
+
+
+async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str, Any]:
+    app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp",
+                  kwargs={"size_bytes": size, "huge_pages": pages == "huge"})
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     async with WorkspaceRuntime(backend=backend, limits=limits) as rt:
         started = time.monotonic()
         source = await rt.create(app)
-        _log(f"[{backend} {human_bytes(size)}] source ready in {time.monotonic() - started:.2f}s, "
-             f"memory {human_bytes(source.memory().pss)} PSS")
+        held = source.memory()
+        _log(f"[{backend} {human_bytes(size)} {pages}] source ready in {time.monotonic() - started:.2f}s, "
+             f"memory {human_bytes(held.pss)} PSS, {human_bytes(held.anon_huge)} in huge pages")
         for i in range(forks):
             await source.execute(ToolCall(name="write_pages", args={"page": i, "value": i & 0xFF}))
             clone = await source.fork()
@@ -63,11 +73,12 @@ async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
             await clone.execute(ToolCall(name="write_pages", args={"fraction": 0.10, "value": 0xCD}))
             private10.append(clone.memory().private)
             await clone.close()
-            _log(f"[{backend} {human_bytes(size)}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
+            _log(f"[{backend} {human_bytes(size)} {pages}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
                  f"ready {ready[-1]:.1f} ms, again {again[-1]:.1f} ms, clone private {human_bytes(private[-1])}")
     med = lambda xs: int(percentile(xs, 50))  # noqa: E731
     return {
-        "backend": backend, "size_bytes": size, "size": human_bytes(size), "forks": forks,
+        "backend": backend, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
+        "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
         "freeze_ms_p50": percentile(freeze, 50), "freeze_ms_p95": percentile(freeze, 95),
         "ready_ms_p50": percentile(ready, 50), "ready_ms_p95": percentile(ready, 95),
         "again_ms_p50": percentile(again, 50), "again_ms_p95": percentile(again, 95),
@@ -81,32 +92,57 @@ async def _measure(backend: str, size: int, forks: int) -> dict[str, Any]:
     }
 
 
-def _ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["backend"], r["size_bytes"]): r for r in results}
+async def _measure_peer(peer: str, size: int, forks: int, pages: str) -> dict[str, Any]:
+    """The peer's rounds, in a process of their own (``fork_peer.py``); its progress goes to our stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bunshin.engine.bench.fork_peer", peer, "--size", str(size), "--forks", str(forks),
+        "--pages", pages, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise EngineError(f"bench fork --peer {peer}: its run failed (exit {proc.returncode}; its error is above)")
+    samples = json.loads(out)
+    med = lambda xs: int(percentile(xs, 50))  # noqa: E731
+    return {
+        "backend": peer, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
+        "source_huge_bytes": med(samples["source_huge_bytes"]), "source_huge": human_bytes(med(samples["source_huge_bytes"])),
+        "ready_ms_p50": percentile(samples["ready_ms"], 50), "ready_ms_p95": percentile(samples["ready_ms"], 95),
+        "clone_private_bytes": med(samples["clone_private_bytes"]),
+        "clone_private": human_bytes(med(samples["clone_private_bytes"])),
+        "clone_page_tables_bytes": med(samples["clone_page_tables_bytes"]),
+        "clone_page_tables": human_bytes(med(samples["clone_page_tables_bytes"])),
+        "samples": samples,
+    }
+
+
+def _ratios(results: list[dict[str, Any]], other: str) -> list[dict[str, Any]]:
+    """cow against ``other`` (the restore baseline, or a peer) at each size and page size, on what both measure."""
+    by = {(r["backend"], r["size_bytes"], r["pages"]): r for r in results}
     out = []
-    for (backend, size), r in sorted(by.items()):
-        base = by.get(("restore", size))
+    for (backend, size, pages), r in sorted(by.items()):
+        base = by.get((other, size, pages))
         if backend != "cow" or base is None:
             continue
-        out.append({
-            "size_bytes": size, "size": human_bytes(size),
-            "freeze_p50_ratio": r["freeze_ms_p50"] / base["freeze_ms_p50"],
-            "ready_p50_ratio": r["ready_ms_p50"] / base["ready_ms_p50"],
-            "again_p50_ratio": r["again_ms_p50"] / base["again_ms_p50"],
-            "clone_private_ratio": r["clone_private_bytes"] / max(base["clone_private_bytes"], 1),
-        })
+        row = {"size_bytes": size, "size": human_bytes(size), "pages": pages}
+        for key in ("freeze_ms_p50", "ready_ms_p50", "again_ms_p50"):
+            if key in base:
+                row[key.removesuffix("_ms_p50") + "_p50_ratio"] = r[key] / base[key]
+        row["clone_private_ratio"] = r["clone_private_bytes"] / max(base["clone_private_bytes"], 1)
+        out.append(row)
     return out
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for backend in sorted({r["backend"] for r in results}):
-        rows = sorted((r for r in results if r["backend"] == backend), key=lambda r: r["size_bytes"])
+    for backend, pages in sorted({(r["backend"], r["pages"]) for r in results}):
+        rows = sorted((r for r in results if (r["backend"], r["pages"]) == (backend, pages)),
+                      key=lambda r: r["size_bytes"])
         xs = [r["size_bytes"] / 2**20 for r in rows]
-        axes[0].plot(xs, [r["freeze_ms_p50"] for r in rows], "o-", label=backend)
-        axes[1].plot(xs, [r["ready_ms_p50"] for r in rows], "o-", label=backend)
-        axes[2].plot(xs, [r["clone_private_bytes"] / 2**20 for r in rows], "o-", label=backend)
+        label = f"{backend} ({pages} pages)"
+        if "freeze_ms_p50" in rows[0]:  # a peer does not stop its source
+            axes[0].plot(xs, [r["freeze_ms_p50"] for r in rows], "o-", label=label)
+        axes[1].plot(xs, [r["ready_ms_p50"] for r in rows], "o-", label=label)
+        axes[2].plot(xs, [r["clone_private_bytes"] / 2**20 for r in rows], "o-", label=label)
     for ax, title in zip(axes, ("source freeze window p50 (ms)", "fork-to-ready p50 (ms)",
                                 "clone private memory after fork (MiB)"), strict=True):
         ax.set_xscale("log", base=2)
@@ -114,28 +150,41 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("workspace heap (MiB)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path | None,
-              plot_path: Path | None) -> dict[str, Any]:
+def _print_ratios(rows: list[dict[str, Any]], other: str) -> None:
+    if not rows:
+        return
+    print()
+    shown = [{k: (f"{v:.4f}" if k.endswith("_ratio") else v) for k, v in r.items()} for r in rows]
+    columns = [("size", "size"), ("pages", "pages"), ("freeze_p50_ratio", f"freeze cow/{other}"),
+               ("ready_p50_ratio", f"ready cow/{other}"), ("again_p50_ratio", f"same state again: ready cow/{other}"),
+               ("clone_private_ratio", f"clone private cow/{other}")]
+    print(markdown_table(shown, [c for c in columns if any(c[0] in r for r in rows) or c[0] in ("size", "pages")]))
+
+
+async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path | None, plot_path: Path | None,
+              pages: tuple[str, ...] = ("huge",), peer: str | None = None) -> dict[str, Any]:
     results = []
     for backend in backends:
-        for size in sizes:
-            results.append(await _measure(backend, size, forks))
-    data = {"results": results, "ratios_cow_vs_restore": _ratios(results)}
+        for page in pages:
+            for size in sizes:
+                results.append(await _measure(backend, size, forks, page))
+    if peer is not None:
+        for page in pages:
+            for size in sizes:
+                results.append(await _measure_peer(peer, size, forks, page))
+    data: dict[str, Any] = {"results": results, "ratios_cow_vs_restore": _ratios(results, "restore")}
+    if peer is not None:
+        data[f"ratios_cow_vs_{peer}"] = _ratios(results, peer)
     print(markdown_table(results, COLUMNS))
-    if data["ratios_cow_vs_restore"]:
-        print()
-        shown = [{k: (f"{v:.4f}" if k.endswith("_ratio") else v) for k, v in r.items()}
-                 for r in data["ratios_cow_vs_restore"]]
-        print(markdown_table(shown, [
-            ("size", "size"), ("freeze_p50_ratio", "freeze cow/restore"), ("ready_p50_ratio", "ready cow/restore"),
-            ("again_p50_ratio", "same state again: ready cow/restore"),
-            ("clone_private_ratio", "clone private cow/restore")]))
+    _print_ratios(data["ratios_cow_vs_restore"], "restore")
+    if peer is not None:
+        _print_ratios(data[f"ratios_cow_vs_{peer}"], peer)
     if json_path:
         write_json(json_path, data)
     if plot_path:

@@ -1,6 +1,6 @@
 """A workspace application that holds a given amount of live heap state: the fork benchmark's workload.
 
-Owns: a huge-page heap filled with distinct bytes per page (so neither the zero page nor KSM can fake sharing),
+Owns: a heap (huge pages, or 4 KiB pages with ``huge_pages=False``) filled with distinct bytes per page (so neither the zero page nor KSM can fake sharing),
 tools that read, write and digest it, and a key-value store of Python objects for small state.
 Must never: touch pages it was not asked to (the benchmark measures exactly what a write costs).
 """
@@ -19,21 +19,27 @@ from ..records import Observation
 PAGE = 4096
 
 
+def fill_distinct(heap: HugeHeap) -> None:
+    """Write every 4 KiB page of ``heap``: page p holds p+1 in every word (distinct per page, cheap to write, never
+    the zero page)."""
+    npages = heap.size // PAGE
+    words = np.frombuffer(heap.map, dtype=np.uint64, count=npages * (PAGE // 8)).reshape(npages, -1)
+    words[:] = np.arange(1, npages + 1, dtype=np.uint64)[:, None]
+
+
 class HeapApp(WorkspaceApp):
-    def __init__(self, size_bytes: int = 64 << 20):
+    def __init__(self, size_bytes: int = 64 << 20, huge_pages: bool = True):
         if size_bytes < 0:
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         self.size = size_bytes
+        self.huge_pages = huge_pages
         self.values: dict[str, Any] = {}
         self.heap: HugeHeap | None = None
 
     def setup(self, ctx: AppContext) -> None:
         self.ctx = ctx
-        self.heap = HugeHeap(self.size)
-        npages = self.size // PAGE
-        words = np.frombuffer(self._heap().map, dtype=np.uint64, count=npages * (PAGE // 8)).reshape(npages, -1)
-        # Page p holds p+1 in every word: distinct per page, cheap to write, never the zero page.
-        words[:] = np.arange(1, npages + 1, dtype=np.uint64)[:, None]
+        self.heap = HugeHeap(self.size, self.huge_pages)
+        fill_distinct(self.heap)
 
     def _heap(self) -> HugeHeap:
         if self.heap is None:
@@ -93,7 +99,7 @@ class HeapApp(WorkspaceApp):
         import msgspec
 
         self.ctx = ctx
-        self.heap = HugeHeap(self.size)
+        self.heap = HugeHeap(self.size, self.huge_pages)
         head = len(data) - self.size
         self.values = msgspec.msgpack.decode(data[:head])
         self._heap().map[:] = data[head:]
