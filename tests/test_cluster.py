@@ -141,6 +141,46 @@ async def test_a_second_group_of_a_task_goes_to_the_node_holding_its_root(cluste
     assert all(r.trajectory.status == Status.OK for r in first + second + third)
 
 
+@pytest.mark.asyncio
+async def test_the_prefix_cache_and_speculation_on_the_cluster_change_no_trajectory(cluster, task_dir, state_dir,
+                                                                                     tmp_path) -> None:
+    """Two epochs on the cluster with every node's prefix cache and speculation (a selector trained on a recorded
+    run): the same trajectories as one host without either; each task's second group goes to the node holding its
+    prefix tree, whose cache serves it; the figures are the nodes' summed."""
+    from bunshin.engine.prefix.settings import PrefixSettings
+    from bunshin.engine.records import write_jsonl
+    from bunshin.engine.speculation.settings import SpecSettings
+
+    reference: dict[tuple[str, int], str] = {}
+    recorded: list[Trajectory] = []
+    async with RolloutEngine(shop(task_dir), policy(), concurrency=4, state_dir=state_dir) as engine:
+        for seed in (7, 8):
+            results = await engine.run(engine.requests(group_size=3, seed=seed))
+            reference.update(by_sample(results))
+            recorded += [r.trajectory for r in results]
+    train = tmp_path / "recorded.jsonl"
+    write_jsonl(train, recorded)
+    # two groups' worth of slots per node: a task's home node has room for its second group (placement prefers
+    # the prefix among the nodes with room; a full home would send it elsewhere)
+    async with ClusterEngine(shop(task_dir), policy(0.02), concurrency=6, state_dir=state_dir,
+                             prefix=PrefixSettings(), speculation=SpecSettings(train_file=train)) as engine:
+        first = await engine.run(engine.requests(group_size=3, seed=7))
+        second = await engine.run(engine.requests(group_size=3, seed=8))
+        await engine.refresh()
+        cache, spec = engine.prefix_statistics(), engine.speculation_statistics()
+        held = {n: set(s.prefixes) for n, s in engine.statuses.items()}
+    assert {**by_sample(first), **by_sample(second)} == reference
+    home = {r.trajectory.task_id: r.node for r in first}
+    assert len(set(home.values())) >= 2  # the first epoch spread over the cluster
+    assert {(r.trajectory.task_id, r.node) for r in second} == set(home.items())  # each task back to its prefix
+    for task, node in home.items():
+        assert task in held[node]  # the node reports the task's prefix tree
+    assert cache is not None and cache["hits"] > 0 and cache["hit_rate"] == round(
+        cache["hits"] / (cache["hits"] + cache["misses"]), 4)
+    assert spec is not None and spec["decisions"] > 0 and spec["spec_top1"] == round(
+        spec["top1_hits"] / spec["decisions"], 4)
+
+
 def _alive(pid: int) -> bool:
     return process_start_time(pid) is not None and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
@@ -222,7 +262,8 @@ def test_no_raylet_of_this_session_but_the_clusters(cluster) -> None:
 
 def test_bunshin_eval_runs_the_same_job_on_a_cluster(cluster, task_dir, tmp_path) -> None:
     """``bunshin eval --ray ADDRESS`` (a separate driver process joining the cluster) writes the trajectories one
-    host's ``bunshin eval`` writes, and says how the cluster ran them."""
+    host's ``bunshin eval`` writes, and says how the cluster ran them; so does ``--ray local:2 --prefix-cache
+    --speculate`` (each node's cache and selector; a ``--cache-dir`` is refused on a cluster)."""
     import subprocess
     import sys
 
@@ -240,3 +281,13 @@ def test_bunshin_eval_runs_the_same_job_on_a_cluster(cluster, task_dir, tmp_path
     summary = msgspec.json.decode((tmp_path / "cluster" / "summary.json").read_bytes())
     assert summary["rollouts"] == 2 * TASKS and summary["cluster"]["nodes"] == 3
     assert summary["cluster"]["retried"] == 0 and len(summary["cluster"]["peak_bytes_per_node"]) == 3
+    # two simulated nodes of its own, each with its prefix cache and speculation: the same trajectories
+    both = run(tmp_path / "local2", "--ray", "local:2", "--prefix-cache", "--speculate")
+    assert [digest(t) for t in sorted(both, key=key)] == [digest(t) for t in sorted(here, key=key)]
+    summary = msgspec.json.decode((tmp_path / "local2" / "summary.json").read_bytes())
+    assert summary["cluster"]["nodes"] == 2 and summary["prefix"] is not None and summary["speculation"] is not None
+    assert summary["speculation"]["decisions"] > 0
+    refused = subprocess.run([sys.executable, "-m", "bunshin.engine.cli", "eval", "--suite", "webshop", "--ray",
+                              "local:2", "--prefix-cache", "--cache-dir", str(tmp_path / "c"), "--out",
+                              str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "--cache-dir is not supported on a cluster" in refused.stderr

@@ -33,6 +33,18 @@ def test_a_group_goes_where_its_root_lives_even_with_less_free_memory() -> None:
     assert [n for _, n in placed] == ["b"]
 
 
+def test_with_the_prefix_cache_a_group_goes_where_its_tasks_prefix_lives_before_its_root() -> None:
+    nodes = [node("a", roots=frozenset({"shop"}), in_flight=0), node("b", roots=frozenset({"shop"}), in_flight=3,
+                                                                    prefixes=frozenset({"t"}))]
+    placed, views = place([work("t"), work("u", seed=1)], nodes, prefixes=True)
+    assert [n for _, n in placed] == ["b", "a"]  # the task's prefix first, then the least busy root
+    assert views[1].prefixes == {"t"} and views[0].prefixes == {"u"}
+    placed, views = place([work("t"), work("t", seed=1)], [node("a"), node("b")], prefixes=True)
+    assert [n for _, n in placed] == ["a", "a"]  # the second group follows the prefix the first one makes
+    placed, views = place([work("t"), work("t", seed=1)], [node("a"), node("b")])
+    assert all(not v.prefixes for v in views)  # without the cache no node holds a prefix
+
+
 def test_a_new_root_goes_where_memory_is_free() -> None:
     nodes = [node("a", budget=1000 * MiB, charge=500 * MiB, in_flight=1),
              node("b", budget=1000 * MiB, charge=100 * MiB, in_flight=1),

@@ -49,6 +49,9 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     budget: int | None
     estimate: int  # what one more rollout may take here (the admission's estimate)
     roots: list[str]  # application keys (``placement.app_key``) whose root this host holds
+    prefixes: list[str] = []  # task ids whose prefix tree this host's cache holds (none without the cache)
+    prefix: dict[str, Any] | None = None  # the prefix cache's statistics (``RolloutEngine.prefix_statistics``)
+    speculation: dict[str, Any] | None = None  # speculation's (``RolloutEngine.speculation_statistics``)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -83,7 +86,9 @@ class NodeAgent:
         return _encoder.encode(NodeStatus(
             charge=engine.meter.now(), peak=engine.meter.peak_bytes, budget=engine.memory_budget,
             estimate=gate.admission.estimate if gate is not None else 0,
-            roots=[app_key(key) for key in engine._roots]))
+            roots=[app_key(key) for key in engine._roots],
+            prefixes=sorted({ns.task_id for ns in engine.prefix_cache.tree.roots}) if engine.prefix_cache else [],
+            prefix=engine.prefix_statistics(), speculation=engine.speculation_statistics()))
 
     async def run_group(self, request: bytes) -> AsyncIterator[bytes]:
         """The request's samples (its ``samples``, or the whole group), each result as it finishes."""

@@ -71,6 +71,27 @@ def _node_lost_errors() -> tuple[type[BaseException], ...]:
     return (rx.RayActorError, rx.NodeDiedError, rx.ActorUnavailableError)
 
 
+def combine_statistics(reports: list[dict[str, Any] | None], ratios: dict[str, tuple[str, str]],
+                       means: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """Several nodes' statistics as one: numbers summed, a ratio ``key: (part, whole)`` recomputed as
+    ``part / whole`` (``part / (part + other)`` for the hit rate: ``(hits, misses)``), ``means`` averaged over the
+    nodes that have one. None when no node reported any (the feature is off)."""
+    present = [r for r in reports if r is not None]
+    if not present:
+        return None
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in present for k in r):
+        values = [r[key] for r in present if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+        if key in means:
+            out[key] = round(sum(values) / len(values), 4) if values else None
+        else:
+            out[key] = sum(values) if values else present[0].get(key)
+    for key, (part, whole) in ratios.items():
+        denominator = out.get(whole, 0) + (out.get(part, 0) if whole == "misses" else 0)
+        out[key] = round(out.get(part, 0) / denominator, 4) if denominator else 0.0
+    return out
+
+
 class ClusterEngine:
     def __init__(self, suite: Suite, policy: Policy, *, address: str | None = None, nodes: list[str] | None = None,
                  concurrency: int = 8, memory_budget: int | None = None, backend: str = "cow",
@@ -98,6 +119,8 @@ class ClusterEngine:
         self.node_peaks: dict[str, int] = {}
         self._sent_since_report: dict[str, int] = {}
         self._roots: dict[str, set[str]] = {}
+        self._prefixes: dict[str, set[str]] = {}  # node -> task ids whose prefix tree it holds (cache on only)
+        self._prefix_cache = engine_kwargs.get("prefix") is not None
         self._app_of: dict[str, str] = {}
         self._owns_ray = False
         self._started = False
@@ -147,6 +170,7 @@ class ClusterEngine:
             ).remote(node_id, self.suite, self.policy, self.engine_kwargs)
             self._sent_since_report[node_id] = 0
             self._roots[node_id] = set()
+            self._prefixes[node_id] = set()
         starting = {node_id: h.start.remote() for node_id, h in self.agents.items()}
         for node_id, ref in starting.items():
             try:
@@ -206,6 +230,7 @@ class ClusterEngine:
         self.node_peaks[node_id] = max(self.node_peaks.get(node_id, 0), status.peak)
         self._sent_since_report[node_id] -= sent
         self._roots[node_id] |= set(status.roots)
+        self._prefixes[node_id] |= set(status.prefixes)
         if self._wake is not None:
             self._wake.set()
 
@@ -226,8 +251,27 @@ class ClusterEngine:
                                   estimate=status.estimate if status and status.estimate else 64 << 20,
                                   in_flight=sum(ledger.in_flight(node_id) for ledger in self._ledgers),
                                   sent_since_report=max(0, self._sent_since_report[node_id]),
-                                  roots=frozenset(self._roots[node_id])))
+                                  roots=frozenset(self._roots[node_id]),
+                                  prefixes=frozenset(self._prefixes[node_id])))
         return views
+
+    async def refresh(self) -> None:
+        """Ask every live agent for its status now (what ``prefix_statistics`` and ``speculation_statistics`` sum):
+        at the end of a batch, so that the figures count its last rollouts."""
+        await asyncio.gather(*(self._poll_one(n) for n in list(self.agents) if n not in self.dead))
+
+    def prefix_statistics(self) -> dict[str, Any] | None:
+        """The nodes' prefix caches' counters summed, as of their last reports (``refresh``); None without the
+        cache. ``hit_rate`` is the hits over all the nodes' lookups."""
+        return combine_statistics([s.prefix for s in self.statuses.values()], {"hit_rate": ("hits", "misses")})
+
+    def speculation_statistics(self) -> dict[str, Any] | None:
+        """Speculation's figures of every node summed, as of their last reports (``refresh``); None without it.
+        The top-1 and top-k rates are over all the nodes' decisions; a node's peak (``branch_bytes_peak``,
+        ``run_bytes_high``) adds to the others' (the cluster's at most); ``tail_rank_rho`` is the nodes' mean."""
+        return combine_statistics([s.speculation for s in self.statuses.values()],
+                                  {"spec_top1": ("top1_hits", "decisions"), "spec_topk": ("topk_hits", "decisions")},
+                                  means=("tail_rank_rho",))
 
     @property
     def alive_nodes(self) -> list[str]:
@@ -287,12 +331,14 @@ class ClusterEngine:
                                                              "every node of the cluster died before it could run"))
                         if ledger.done():
                             break
-                    placed, _ = place(list(waiting), self._views(), self.root_estimate)
+                    placed, _ = place(list(waiting), self._views(), self.root_estimate, self._prefix_cache)
                     for work, node_id in placed:
                         waiting.popleft()
                         ledger.send(work, node_id)
                         self._sent_since_report[node_id] += len(work.samples)
                         self._roots[node_id].add(work.app)
+                        if self._prefix_cache:
+                            self._prefixes[node_id].add(work.task_id)
                         pieces.create_task(self._piece(work, node_id, ledger, queue))
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -344,9 +390,3 @@ class ClusterEngine:
                        timings={"wall_s": 0.0})
         return RolloutResult(trajectory=t, peak_memory_bytes=self.meter.peak_bytes)
 
-    # -- what eval asks of an engine -------------------------------------------------------------------------------
-    def prefix_statistics(self) -> dict[str, Any] | None:
-        return None
-
-    def speculation_statistics(self) -> dict[str, Any] | None:
-        return None

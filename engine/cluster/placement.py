@@ -1,7 +1,8 @@
 """Placement of GRPO groups on a cluster's nodes, and the ledger of every sample: pure decisions, no I/O, no Ray.
 
 Owns: ``NodeView`` (what the driver knows of a node: alive or not, its agent's memory charge, budget and estimate
-of one more rollout as last reported, the samples in flight there, its slots and the application roots it holds),
+of one more rollout as last reported, the samples in flight there, its slots, the application roots and the tasks'
+prefix trees it holds),
 ``Work`` (a group, or the samples of it still to run, with its application's key), ``place`` (which waiting work
 goes to which node now) and ``Ledger`` (every sample's state: waiting, on a node, delivered; what a dead node's
 loss puts back to wait). The rules of ``place``, in order:
@@ -12,9 +13,10 @@ loss puts back to wait). The rules of ``place``, in order:
    eligible: a group too large for any budget must still make progress (as ``admission.py`` lets one rollout run).
 2. The work's cost is ``estimate`` per sample, plus ``root_estimate`` on a node that holds no root of the work's
    application (the group would make one there).
-3. Among eligible nodes, those holding the work's root come first (fork locality: the group forks a root that is
-   there), then the most free memory (a new root goes where memory is free), then the fewest samples in flight, then
-   the node's order.
+3. Among eligible nodes, those holding the prefix tree of the work's task come first (with the prefix cache on,
+   ``prefixes=True``: a group is served the calls an earlier group of its task made there), then those holding the
+   work's root (fork locality: the group forks a root that is there), then the most free memory (a new root goes
+   where memory is free), then the fewest samples in flight, then the node's order.
 4. Work is taken first come, first served: the first piece that fits nowhere waits, and so does everything behind
    it (a large group is never starved by small ones passing it).
 
@@ -52,6 +54,7 @@ class NodeView:
     in_flight: int = 0  # samples sent to the node and not yet delivered
     sent_since_report: int = 0  # samples sent since ``charge`` was reported (not in the charge yet)
     roots: frozenset[str] = frozenset()  # application keys whose root the node holds (or will: a group was sent)
+    prefixes: frozenset[str] = frozenset()  # task ids whose prefix tree the node's cache holds (or will)
 
     def projected(self) -> int:
         return self.charge + self.sent_since_report * self.estimate
@@ -86,6 +89,10 @@ class Work:
     def group_id(self) -> str:
         return self.request.group_id or self.request.task.task_id
 
+    @property
+    def task_id(self) -> str:
+        return self.request.task.task_id
+
     def as_request(self) -> RolloutRequest:
         """The request an agent runs: the same group (its seeds derive from it), only these samples."""
         import msgspec
@@ -93,20 +100,22 @@ class Work:
         return msgspec.structs.replace(self.request, samples=list(self.samples))
 
 
-def place(waiting: Sequence[Work], nodes: Sequence[NodeView],
-          root_estimate: int = ROOT_ESTIMATE) -> tuple[list[tuple[Work, str]], list[NodeView]]:
+def place(waiting: Sequence[Work], nodes: Sequence[NodeView], root_estimate: int = ROOT_ESTIMATE,
+          prefixes: bool = False) -> tuple[list[tuple[Work, str]], list[NodeView]]:
     """Which of ``waiting`` (in order) go to which node now, and the nodes as they are once it is sent (more in
-    flight, the root held). Inputs are not changed."""
+    flight, the root held, with ``prefixes`` the task's prefix tree too). Inputs are not changed."""
     views = list(nodes)
     placed: list[tuple[Work, str]] = []
     for work in waiting:
         eligible = [(n, v) for n, v in enumerate(views) if v.fits(work, root_estimate)]
         if not eligible:
             break
-        n, view = min(eligible, key=lambda nv: (work.app not in nv[1].roots, -nv[1].free(), nv[1].in_flight, nv[0]))
+        n, view = min(eligible, key=lambda nv: (work.task_id not in nv[1].prefixes, work.app not in nv[1].roots,
+                                                -nv[1].free(), nv[1].in_flight, nv[0]))
         views[n] = dataclasses.replace(view, in_flight=view.in_flight + len(work.samples),
                                        sent_since_report=view.sent_since_report + len(work.samples),
-                                       roots=view.roots | {work.app})
+                                       roots=view.roots | {work.app},
+                                       prefixes=view.prefixes | {work.task_id} if prefixes else view.prefixes)
         placed.append((work, view.node_id))
     return placed, views
 

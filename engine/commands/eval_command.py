@@ -117,10 +117,12 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     """``speculation``: speculative tool execution's settings (None: off). ``ray_address``: run the same job on a
     Ray cluster (``engine/cluster``: one agent per node, ``concurrency`` and ``memory_budget`` per node), as
     ``ray.init(address=...)`` takes it. ``warm_pool``: ready browsers per engine (``RolloutEngine``'s; None: its
-    default). What it refuses (the prefix cache or speculation with ``ray_address``,
-    a tasks file naming tasks the suite does not have) is a ``CommandError``."""
-    if ray_address is not None and (prefix is not None or speculation is not None):
-        raise CommandError("bunshin eval: --ray: the prefix cache and speculation run on one host only for now")
+    default). On a cluster the prefix cache and speculation run on every node, each node with its own cache
+    (memory only: ``--cache-dir`` is refused with ``--ray``) and selector; groups go where their task's prefix
+    tree is. What it refuses (that, a tasks file naming tasks the suite does not have) is a ``CommandError``."""
+    if ray_address is not None and prefix is not None and prefix.cache_dir is not None:
+        raise CommandError("bunshin eval: --ray: --cache-dir is not supported on a cluster (each node's prefix cache "
+                           "is in its memory); drop --cache-dir, or run on one host")
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
@@ -128,7 +130,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
         from ..cluster.driver import ClusterEngine
 
         engine_cm: Any = ClusterEngine(suite, policy, address=ray_address, backend=backend, concurrency=concurrency,
-                                       memory_budget=memory_budget, max_steps=max_steps, warm_pool=warm_pool)
+                                       memory_budget=memory_budget, max_steps=max_steps, warm_pool=warm_pool,
+                                       prefix=prefix, speculation=speculation)
     else:
         engine_cm = RolloutEngine(suite, policy, backend=backend, concurrency=concurrency,
                                   memory_budget=memory_budget, max_steps=max_steps, prefix=prefix,
@@ -156,6 +159,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                 f.flush()
                 progress.update(result.trajectory, engine.meter.now())
         wall = time.monotonic() - started
+        if ray_address is not None:
+            await engine.refresh()  # the nodes' figures as of the batch's end
         cache = engine.prefix_statistics()
         spec = engine.speculation_statistics()
     summary = summarize(trajectories, wall, engine.meter.peak_bytes, engine.meter.gib_s, backend)
