@@ -1664,6 +1664,18 @@ static int wait_grafted(struct report *r)
 				if (n == sizeof(*r))
 					return r->err ? r->err : EPROTO;
 			}
+			if ((status & (POLLHUP | POLLERR)) && !(session & (POLLIN | POLLERR))) {
+				/*
+				 * A graft closes the helper's end of this pipe only once its session
+				 * reads done (or failed); but poll() looked at the session before the
+				 * pipe, and the graft may have ended in between. Look again before
+				 * taking the hang-up for the helper's death.
+				 */
+				struct pollfd again = { .fd = procs[i].session, .events = POLLIN };
+
+				if (poll(&again, 1, 0) == 1)
+					session = again.revents;
+			}
 			if (session & POLLERR) {
 				/* its helper's report says why, if it comes */
 				struct pollfd one = { .fd = procs[i].status_r, .events = POLLIN };
