@@ -181,6 +181,7 @@ def test_speculation_flags_build_spec_settings(tmp_path: Path) -> None:
     assert unbounded.memory_budget is None and unbounded.memory_headroom is None
     relative = spec_settings(parse(*EVAL, "--speculate", "--spec-memory", "25%"))
     assert relative.memory_budget is None and relative.memory_headroom == 0.25
+    assert spec_settings(parse(*EVAL, "--speculate", "--spec-cpu-limit", "0.9")) == SpecSettings(cpu_limit=0.9)
     # the selector is saved with the prefix cache's directory
     assert spec_settings(parse(*EVAL, "--speculate", "--prefix-cache", "--cache-dir", str(tmp_path))) == SpecSettings(
         model_dir=tmp_path)
@@ -208,6 +209,8 @@ def test_bad_speculation_flags_are_refused_as_argparse_errors(tmp_path: Path, ca
         ((*EVAL, "--speculate", "--spec-threshold", "1.5"), "bunshin eval", "must be a probability in [0, 1]"),
         ((*EVAL, "--speculate", "--spec-slots", "0"), "bunshin eval", "slots must be >= 1"),
         ((*EVAL, "--speculate", "--spec-memory", "2000%"), "bunshin eval", "headroom must be a fraction"),
+        ((*EVAL, "--speculate", "--spec-cpu-limit", "1.2"), "bunshin eval", "CPU limit must be a fraction in (0, 1]"),
+        ((*EVAL, "--spec-cpu-limit", "0.9"), "bunshin eval", "--spec-cpu-limit needs --speculate"),
         ((*EVAL, "--speculate", "--spec-train", str(tmp_path / "missing.jsonl")), "bunshin eval", "no such file"),
         (("bench", "epoch", "--suite", "webshop", "--modes", "base,prefix", "--spec-slots", "2"),
          "bunshin bench epoch", "need a speculating mode"),

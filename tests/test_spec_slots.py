@@ -61,6 +61,37 @@ async def test_memory_holds_grants_back_until_it_allows_one_more() -> None:
     assert len(slots.running) == 1
 
 
+def test_the_cpu_rule_refuses_branches_while_the_cores_are_saturated(tmp_path) -> None:
+    """``CpuLoad`` reads /proc/stat's format once a window: busy is the time neither idle nor waiting for I/O over
+    all the time of the last window; at or above the limit no branch may start, below it one may."""
+    from pathlib import Path
+
+    from bunshin.engine.speculation.cpu import CpuLoad, read_cpu_times
+
+    stat = tmp_path / "stat"
+    now = [0.0]
+
+    def write(user: int, idle: int) -> None:  # cpu user nice system idle iowait irq softirq steal guest guest_nice
+        stat.write_text(f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1\n")
+
+    write(100, 100)
+    load = CpuLoad(0.9, window_s=0.5, read=lambda: read_cpu_times(stat), clock=lambda: now[0])
+    write(195, 105)  # 95 busy ticks of 100
+    assert not load.allows() and load.busy == 0.95 and load.refused == 1  # the first ask measures since the start
+    write(245, 155)  # 50 of 100
+    now[0] = 0.3
+    assert not load.allows() and load.busy == 0.95  # the window has not passed: the file is not read again
+    now[0] = 0.6
+    assert load.allows() and load.busy == 0.5 and load.refused == 2
+    assert CpuLoad(None).allows()  # no limit: no rule
+    busy, total = read_cpu_times(Path("/proc/stat"))  # the machine's own
+    assert 0 < busy < total
+    with pytest.raises(ValueError, match="fraction in"):
+        CpuLoad(1.5)
+    with pytest.raises(ValueError, match="CPU limit"):
+        SpecSettings(cpu_limit=0.0)
+
+
 MiB = 1 << 20
 
 

@@ -227,3 +227,25 @@ async def test_a_selector_without_a_saved_model_learns_the_history_of_a_loaded_p
                              speculation=spec) as engine:
         again = engine.speculation_statistics()["examples"]  # type: ignore[index]
     assert again == learned + stats["decisions"]  # what was saved: the history once, and the run's decisions
+
+
+@pytest.mark.asyncio
+async def test_the_cpu_rule_starts_no_branch_on_busy_cores_and_changes_no_trajectory(state_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """A selector trained on a recorded run predicts well; with a CPU limit no machine can be under (a billionth
+    busy), every prediction that clears the threshold waits for the cores and none is speculated; the trajectories
+    are the recorded ones, and the figures say why."""
+    policy = GroundedPolicy(detour_p=0.0, time_scale=0.05)
+    async with RolloutEngine(shop(), policy, concurrency=4, state_dir=state_dir) as engine:
+        ids = one_per_template(engine)[:3]
+        recorded = [r.trajectory for r in await engine.run(engine.requests(ids, group_size=2, seed=0))]
+    train = tmp_path / "recorded.jsonl"
+    write_jsonl(train, recorded)
+    settings = SpecSettings(train_file=train, retrain_every=10**6, cpu_limit=1e-9)
+    async with RolloutEngine(shop(), policy, concurrency=4, state_dir=state_dir, speculation=settings) as engine:
+        held = [r.trajectory for r in await engine.run(engine.requests(ids, group_size=2, seed=0))]
+        stats = engine.speculation_statistics()
+    assert stats is not None
+    assert stats["speculated"] == 0 and stats["cpu_refused"] > 0 and stats["skipped_slots"] > 0
+    assert 0 < stats["cpu_busy"] <= 1
+    assert trajectories_sha256(held) == trajectories_sha256(recorded)

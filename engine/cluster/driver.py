@@ -268,10 +268,11 @@ class ClusterEngine:
     def speculation_statistics(self) -> dict[str, Any] | None:
         """Speculation's figures of every node summed, as of their last reports (``refresh``); None without it.
         The top-1 and top-k rates are over all the nodes' decisions; a node's peak (``branch_bytes_peak``,
-        ``run_bytes_high``) adds to the others' (the cluster's at most); ``tail_rank_rho`` is the nodes' mean."""
+        ``run_bytes_high``) adds to the others' (the cluster's at most); ``tail_rank_rho`` and ``cpu_busy`` are the
+        nodes' means."""
         return combine_statistics([s.speculation for s in self.statuses.values()],
                                   {"spec_top1": ("top1_hits", "decisions"), "spec_topk": ("topk_hits", "decisions")},
-                                  means=("tail_rank_rho",))
+                                  means=("tail_rank_rho", "cpu_busy"))
 
     @property
     def alive_nodes(self) -> list[str]:

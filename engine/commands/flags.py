@@ -226,7 +226,7 @@ def prefix_settings(args: argparse.Namespace) -> PrefixSettings | None:
 
 SPEC_FLAGS = (("--spec-slots", "spec_slots", None), ("--spec-threshold", "spec_threshold", None),
               ("--spec-memory", "spec_memory", DEFAULT), ("--spec-train", "spec_train", None),
-              ("--spec-readonly", "spec_readonly", False))
+              ("--spec-readonly", "spec_readonly", False), ("--spec-cpu-limit", "spec_cpu_limit", None))
 
 
 def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> SpecSettings | None:
@@ -246,7 +246,8 @@ def spec_settings(args: argparse.Namespace, command: str = "bunshin eval") -> Sp
     if getattr(args, "spec_train", None) is not None and not args.spec_train.is_file():
         raise ArgumentRefused(command, f"--spec-train {args.spec_train}: no such file")
     kwargs: dict[str, Any] = {}
-    for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train")):
+    for key, name in (("slots", "spec_slots"), ("threshold", "spec_threshold"), ("train_file", "spec_train"),
+                      ("cpu_limit", "spec_cpu_limit")):
         if getattr(args, name, None) is not None:
             kwargs[key] = getattr(args, name)
     memory: tuple[str, float] | str | None = getattr(args, "spec_memory", DEFAULT)  # see spec_memory_of
@@ -274,6 +275,9 @@ def spec_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None
                         help=f"{need}: memory for the branches: P%% lets them lift the run's memory at most P%% above "
                              "the most it has held without them (default 10%%), BYTES caps what they hold together "
                              "(256M), none: unbounded")
+    parser.add_argument("--spec-cpu-limit", type=float, metavar="FRACTION",
+                        help=f"{need}: no branch starts while the machine's cores were at least this busy over the "
+                             "last half second (0.9: 90%%; default: no such rule)")
     parser.add_argument("--spec-train", type=Path, metavar="FILE",
                         help=f"{need}: recorded trajectories (JSON Lines, as eval's trajectories.jsonl) the "
                              "selector learns from before the first rollout")

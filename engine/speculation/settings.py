@@ -25,7 +25,10 @@ STATISTICS = {
     "wasted": "branches discarded (wrong call) or cancelled (the sample ended, or lost its slot)",
     "skipped_threshold": "decisions whose best prediction was below the threshold",
     "skipped_read_only": "predictions not speculated because the call is not declared read-only (read-only mode)",
-    "skipped_slots": "predictions that cleared the threshold but got no slot or memory before the real call came",
+    "skipped_slots": "predictions that cleared the threshold but got no slot, memory or CPU before the real call came",
+    "cpu_refused": "times the CPU rule (``cpu_limit``) held back a branch that had a slot and memory (each recheck "
+                   "counts)",
+    "cpu_busy": "gauge: the machine's cores' busy fraction over the CPU rule's last window (0 without the rule)",
     "preempted": "branches cancelled to give their slot to a sample predicted to finish later",
     "adopted_s": "tool-seconds of adopted branches (work the sample did not wait for, or waited less for)",
     "hidden_s": "of adopted_s, the part that ran while the model was still reasoning",
@@ -39,7 +42,7 @@ STATISTICS = {
     "tail_rank_rho": "how well tail priority ordered the samples: Spearman's rho between predicted and actual "
                      "remaining steps, over every prediction made (None before any rollout finished)",
 }
-GAUGES = ("branch_bytes", "branches_running", "examples", "branch_bytes_peak", "run_bytes_high", "spec_top1",
+GAUGES = ("branch_bytes", "branches_running", "examples", "branch_bytes_peak", "run_bytes_high", "spec_top1", "cpu_busy",
           "spec_topk", "tail_rank_rho")
 
 
@@ -54,7 +57,9 @@ class SpecSettings:
     the next prediction also clears the threshold; ``top_k``: predictions kept for top-k accuracy;
     ``train_file``: recorded trajectories (JSON Lines) the selector learns from before the first rollout;
     ``model_dir``: where the selector is saved and loaded (the prefix cache's directory when it has one);
-    ``retrain_every``: new examples that start a background retrain."""
+    ``retrain_every``: new examples that start a background retrain; ``cpu_limit``: no branch starts while the
+    machine's cores were at least this busy (a fraction, over the last half second; None: no such rule,
+    ``cpu.py``)."""
 
     slots: int = 4
     threshold: float = 0.5
@@ -66,6 +71,7 @@ class SpecSettings:
     train_file: Path | None = None
     model_dir: Path | None = None
     retrain_every: int = 16
+    cpu_limit: float | None = None
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -76,6 +82,8 @@ class SpecSettings:
             raise ValueError(f"speculation memory headroom must be a fraction in [0, 10], got {self.memory_headroom}")
         if self.memory_budget is not None and self.memory_budget < 0:
             raise ValueError(f"speculation memory budget must be >= 0 bytes, got {self.memory_budget}")
+        if self.cpu_limit is not None and not 0.0 < self.cpu_limit <= 1.0:
+            raise ValueError(f"speculation CPU limit must be a fraction in (0, 1], got {self.cpu_limit}")
         if self.depth < 1 or self.top_k < 1 or self.retrain_every < 1:
             raise ValueError(f"depth, top_k and retrain_every must be >= 1, got {self.depth}, {self.top_k}, "
                              f"{self.retrain_every}")

@@ -26,6 +26,7 @@ from bunshin.envs.suites.base import Suite, SuiteTask, observation_text
 
 from ..history import Turn
 from .branch import Execute, SampleSpeculation
+from .cpu import CpuLoad
 from .features import Situation, label_of
 from .memory import BranchMemory
 from .selector import SpecToolSelector
@@ -53,8 +54,10 @@ class Speculator:
                                          retrain_every=settings.retrain_every, top_k=settings.top_k)
         memory = BranchMemory(budget=settings.memory_budget, headroom=settings.memory_headroom,
                               run_memory=run_memory)
+        self.cpu = CpuLoad(settings.cpu_limit)
         self.shared = SpeculationShared(settings=settings, selector=self.selector, tail=TailPredictor(),
-                                        memory=memory, slots=SpecSlots(settings.slots, memory.allows))
+                                        memory=memory,
+                                        slots=SpecSlots(settings.slots, lambda: memory.allows() and self.cpu.allows()))
         self._scope = TaskScope("speculator")  # the memory measurement
 
     async def open(self, tasks: list[SuiteTask], history: Iterable[Turn] = ()) -> None:
@@ -121,6 +124,7 @@ class Speculator:
             "speculated": c["speculated"], "adopted": c["adopted"], "wasted": c["wasted"],
             "skipped_threshold": c["skipped_threshold"], "skipped_read_only": c["skipped_read_only"],
             "skipped_slots": c["skipped_slots"], "preempted": self.shared.slots.preempted,
+            "cpu_refused": self.cpu.refused, "cpu_busy": round(self.cpu.busy, 4),
             "adopted_s": round(s["adopted_s"], 3), "hidden_s": round(s["hidden_s"], 3),
             "wasted_s": round(s["wasted_s"], 3),
             "branch_bytes_peak": memory.peak, "branch_bytes": memory.held(),
