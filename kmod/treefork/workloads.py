@@ -153,6 +153,9 @@ def make_root(base: Path, snapshot_of: str | None, image: Path | None = None,
     return root, mounts
 
 
+CHROMIUM_START_S = 600  # the source's Chromium loads its page within this (as Calc's sheet within 600 s)
+
+
 def start(name: str, argv: list[str], files: tuple[str, ...] = (), image: Path | None = None,
           network: bool = False, output: str = "/dev/null", binds: tuple[Path, ...] = (),
           pass_fds: tuple[int, ...] = ()) -> Container:
@@ -1077,7 +1080,9 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
         source = start("chromium", ["/usr/bin/chromium", *CHROMIUM_FLAGS, "file:///tmp/shop.html"],
                        files=(str(shop_page()),), image=image, output="/tmp/chromium.log")
         made.append(source)
-        deadline = time.monotonic() + 180
+        # Chromium's start under TCG: 63 s beside two CPU-bound loops, over 180 s once more ran beside them (its
+        # network service restarted meanwhile): the fork is what is measured, not how fast the emulated start is
+        deadline = time.monotonic() + CHROMIUM_START_S
         title: object = None
         error: Exception | None = None
         while time.monotonic() < deadline and not title:
@@ -1088,9 +1093,9 @@ def workload_chromium(args: argparse.Namespace) -> list[str]:
                 time.sleep(1)
         if not title:
             log = source.path("/tmp/chromium.log").read_text(errors="replace")[-3000:]
-            return [f"Chromium did not load the page in 180 s ({type(error).__name__}: {error}); processes: "
+            return [f"Chromium did not load the page in {CHROMIUM_START_S} s ({type(error).__name__}: {error}); processes: "
                     f"{[(_comm(p), _state(p), _wchan(p)) for p in _tree(source.init)]}; its log ends: {log}"]
-        say(f"the source loaded {title!r} in {180 - (deadline - time.monotonic()):.0f} s")
+        say(f"the source loaded {title!r} in {CHROMIUM_START_S - (deadline - time.monotonic()):.0f} s")
         before = ax_names(source)
         clone, _, refused = fork_when_quiet(source, "chromium-1", args.builder, made, thaw=False)  # compared as forked
         ms = clone.build.grafted_ms if clone.build else 0.0
