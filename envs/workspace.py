@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -31,6 +31,7 @@ class ForkTiming:
     ready_s: float
     dump_reused: bool = False
     warm_slot: bool = False  # a live fork whose clone took over a warm-pool slot's programs (a browser): a hit
+    clone_steps_s: dict[str, float] = field(default_factory=dict)  # the live clone's setup by step (cow)
 
 
 class WorkspaceImage(Protocol):

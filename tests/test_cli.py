@@ -53,6 +53,13 @@ def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
     assert "| backend |" in proc.stdout and "round 2/2" in proc.stderr
     restore = data["results"][1]["samples"]
     assert restore["again_ms"] and all(f > 0 for f in restore["freeze_ms"])  # every round dumps a new state
+    # where the live clone's setup went, step by step, in the clone's order (the restore backend starts a host)
+    cow = data["results"][0]
+    assert list(cow["clone_steps_ms_p50"]) == ["cgroup", "namespaces", "root", "forget", "loopback", "reopen",
+                                               "after_fork"]
+    assert all(v >= 0 for v in cow["clone_steps_ms_p50"].values()) and restore.get("clone_steps_ms") == {}
+    assert sum(cow["clone_steps_ms_p50"].values()) < cow["ready_ms_p95"] * 2
+    assert "clone setup, p50 ms" in proc.stdout
 
 
 def test_bench_fork_in_4k_pages_and_against_sandlock(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ an application that does not advise its memory), forking it repeatedly with each
 measuring per round: a tool call on the source (a new state), a first fork (the source's freeze window: for the
 restore backend its dump; fork-to-ready, that dump included) and a second fork of the same state (fork-to-ready:
 a restore from the existing dump, as CRIU restores one image many times); the first clone's private memory and
-page tables right after the fork and after it writes 1% and 10% of its heap pages.
+page tables right after the fork and after it writes 1% and 10% of its heap pages; a live clone's setup by step (its
+cgroup, namespaces, root, workers, loopback, re-opened files, the app's ``after_fork``: ``Ready.steps_s``).
 Must never: compare numbers from different runs: both backends and the peer run here, one after the other (the
 peer in a process of its own, as a workspace's host is one).
 """
@@ -50,6 +51,7 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
                   kwargs={"size_bytes": size, "huge_pages": pages == "huge"})
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
+    steps: dict[str, list[float]] = {}  # the live clone's setup by step (cow), ms
     async with WorkspaceRuntime(backend=backend, limits=limits) as rt:
         started = time.monotonic()
         source = await rt.create(app)
@@ -65,6 +67,8 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             freeze.append(clone.last_fork.freeze_s * 1e3)
             ready.append(clone.last_fork.ready_s * 1e3)
             again.append(second.last_fork.ready_s * 1e3)
+            for step, took in clone.last_fork.clone_steps_s.items():
+                steps.setdefault(step, []).append(took * 1e3)
             await second.close()
             private.append(clone.memory().private)
             tables.append(sum(page_tables(pid) for pid in clone.cgroup.procs()))
@@ -87,8 +91,9 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
         "clone_private_bytes_after_10pct": med(private10),
         "clone_private": human_bytes(med(private)), "clone_private_1pct": human_bytes(med(private1)),
         "clone_private_10pct": human_bytes(med(private10)),
+        "clone_steps_ms_p50": {step: percentile(took, 50) for step, took in steps.items()},
         "samples": {"freeze_ms": freeze, "ready_ms": ready, "again_ms": again, "clone_private_bytes": private,
-                    "clone_page_tables_bytes": tables},
+                    "clone_page_tables_bytes": tables, "clone_steps_ms": steps},
     }
 
 
@@ -156,6 +161,19 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _print_clone_steps(results: list[dict[str, Any]]) -> None:
+    """Where a live clone's setup went, step by step (p50 ms), for the rows that have it."""
+    rows = [r for r in results if r.get("clone_steps_ms_p50")]
+    if not rows:
+        return
+    names = list(dict.fromkeys(step for r in rows for step in r["clone_steps_ms_p50"]))
+    print()
+    print(markdown_table([{"backend": r["backend"], "size": r["size"], "pages": r["pages"],
+                           **{n: r["clone_steps_ms_p50"].get(n, "") for n in names}} for r in rows],
+                         [("backend", "clone setup, p50 ms: backend"), ("size", "size"), ("pages", "pages"),
+                          *[(n, n) for n in names]]))
+
+
 def _print_ratios(rows: list[dict[str, Any]], other: str) -> None:
     if not rows:
         return
@@ -182,6 +200,7 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
     if peer is not None:
         data[f"ratios_cow_vs_{peer}"] = _ratios(results, peer)
     print(markdown_table(results, COLUMNS))
+    _print_clone_steps(results)
     _print_ratios(data["ratios_cow_vs_restore"], "restore")
     if peer is not None:
         _print_ratios(data[f"ratios_cow_vs_{peer}"], peer)

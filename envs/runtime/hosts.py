@@ -179,7 +179,7 @@ class Hosts:
             host_end.close()
             engine_end.setblocking(False)
             await async_send_frame(engine_end, encoder.encode(config))
-            pid = await self.await_ready(ws_id, engine_end)
+            pid = (await self.await_ready(ws_id, engine_end)).pid
             cls = HostSnapshot if frozen else HostWorkspace
             ws = cls(self, ws_id, pid=pid, sock=engine_end, cgroup=group, layer=layer, seed=seed, app=app,
                      parent=parent, generation=generation)
@@ -215,8 +215,8 @@ class Hosts:
         target.mkdir(parents=True)
         return group
 
-    async def await_ready(self, ws_id: str, sock: socket.socket) -> int:
-        """Wait for a host's Ready on ``sock``: its pid. A Failed reply or a closed channel raises
+    async def await_ready(self, ws_id: str, sock: socket.socket) -> Ready:
+        """Wait for a host's Ready on ``sock`` (its pid, its setup's time). A Failed reply or a closed channel raises
         WorkspaceStartFailed, no reply within the start timeout StartTimeout."""
         timeout = self.run.start_timeout_s
         try:
@@ -231,7 +231,7 @@ class Hosts:
             raise WorkspaceStartFailed(ws_id, f"{reply.kind}: {reply.message}{self.host_log(ws_id)}")
         if not isinstance(reply, Ready) or reply.ws_id != ws_id:
             raise WorkspaceStartFailed(ws_id, f"unexpected first reply {reply!r}")
-        return reply.pid
+        return reply
 
     async def _abandon_start(self, pid: int | None, group: Cgroup, layer: str, ws_id: str) -> None:
         if pid is not None:

@@ -117,6 +117,7 @@ class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
     ws_id: str
     pid: int
     setup_s: float
+    steps_s: dict[str, float] = {}  # a clone's setup by step, in order (``fork/clone.py``): where its time went
 
 
 class Executed(msgspec.Struct, frozen=True, kw_only=True, tag="executed"):

@@ -5,7 +5,7 @@ join its cgroup; fresh mount, network, UTS and IPC namespaces; mount its root on
 layer and pivot into it; forget the source's agent namespace; hand each worker's clone a pidfd of ours so it
 enters our namespaces (``worker.py``); then, for a running clone, bring up loopback, reseed, re-open files,
 re-create listening sockets and run the app's ``after_fork``; a snapshot instead lets go of the source's files and
-sockets and waits. Last, ``Ready`` on its own socket.
+sockets and waits. Last, ``Ready`` on its own socket, with each step's time (``Steps``).
 Must never: keep a descriptor of the source workspace (its engine socket above all).
 """
 
@@ -24,17 +24,32 @@ from .state import ForkState
 from .worker import die_with
 
 
+class Steps:
+    """How long each step of ``become`` took (seconds, in order), for ``Ready.steps_s``."""
+
+    def __init__(self, started: float):
+        self.took: dict[str, float] = {}
+        self._last = started
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.took[name] = now - self._last
+        self._last = now
+
+
 class BecameClone(Exception):
     """Raised in a freshly forked clone to unwind the source's request handler back to the serve loop."""
 
 
 def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
     started = time.monotonic()
+    steps = Steps(started)
     state.sock.close()  # the source's channel; the clone answers on its own
     state.sock = socket.socket(fileno=clone_fd)
     os.setsid()
     die_with(state.config.reaper_pid)
     join_by_fds(state.cgroup_fds, spec.cgroup_rel)
+    steps.mark("cgroup")
     state.fault("clone.after_cgroup")
     borrowed = None
     if spec.borrow is None:
@@ -48,6 +63,7 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
         finally:
             os.close(slot)
     os.fchdir(state.pool_fd)
+    steps.mark("namespaces")
     layer_fd = os.open(spec.layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=state.pool_fd)
     rootfs.assemble_and_pivot(target=image.CLONE_ROOT, lower=state.config.lower, layer=spec.layer,
                               frozen=spec.frozen,
@@ -55,12 +71,14 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
                               runtime_binds=state.config.runtime_binds)
     os.close(state.layer_fd)
     state.layer_fd = layer_fd
+    steps.mark("root")
     state.agents.become_clones(spec.cgroup_rel)
     state.apps.forget_all()  # the source's programs (a browser): the app starts its own in after_fork
     state.ctx.forget_in_clone()
     state.ws_id, state.frozen = spec.ws_id, spec.frozen
     state.ctx.ws_id = spec.ws_id
     state.ctx.borrowed = borrowed
+    steps.mark("forget")
     if state.workers:
         pidfd = os.pidfd_open(os.getpid())  # the workers' clones enter our namespaces through it
         try:
@@ -69,12 +87,16 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
                         cgroup_rel=spec.cgroup_rel, reaper_pid=state.config.reaper_pid, frozen=spec.frozen)
         finally:
             os.close(pidfd)
+        steps.mark("workers")
     if spec.frozen:
         state.ctx.suspend_after_fork()
     else:
         namespaces.loopback_up()
+        steps.mark("loopback")
         state.ctx.reseed(spec.seed)
         state.ctx.rebind_after_fork()
+        steps.mark("reopen")
         state.app.after_fork(state.ctx)
+        steps.mark("after_fork")
     state.ctx.borrowed = None  # the app took what it wanted of it; a later fork of this clone borrows its own
-    state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started))
+    state.reply(Ready(ws_id=state.ws_id, pid=os.getpid(), setup_s=time.monotonic() - started, steps_s=steps.took))

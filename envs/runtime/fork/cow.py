@@ -80,12 +80,13 @@ class CowFork(AllOrNothingFork):
             finally:
                 clone_end.close()
             forked = source.expect(reply, Forked)
-            pid = await hosts.await_ready(clone_id, engine_end)
+            ready = await hosts.await_ready(clone_id, engine_end)
             cls = HostSnapshot if frozen else HostWorkspace
-            clone = cls(hosts, clone_id, pid=pid, sock=engine_end, cgroup=group, layer=spec.layer, seed=spec.seed,
+            clone = cls(hosts, clone_id, pid=ready.pid, sock=engine_end, cgroup=group, layer=spec.layer, seed=spec.seed,
                         app=source.app_spec, parent=source.id, generation=source.generation + 1)
             clone.last_fork = ForkTiming(freeze_s=forked.freeze_ns / 1e9,
-                                         ready_s=time.monotonic() - started, warm_slot=slot is not None)
+                                         ready_s=time.monotonic() - started, warm_slot=slot is not None,
+                                         clone_steps_s=dict(ready.steps_s))
             if slot is not None:
                 clone.companions.append(slot)
         except BaseException as exc:
