@@ -25,6 +25,7 @@ from . import await_points, image_files
 from .base_images import BaseImages
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, registered_live_runs, remove_stale_runs, unregister
+from .fast_moves import FastMoves
 from .fork.registry import check_backend, make_backend
 from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
@@ -47,7 +48,7 @@ class WorkspaceRuntime:
                  seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
                  warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
-                 image_store: ImageStore | None = None):
+                 image_store: ImageStore | None = None, fast_cgroup_moves: bool = True):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
@@ -55,7 +56,9 @@ class WorkspaceRuntime:
         ``ksm``: ksmd's scan rate while a workspace of the run opts into KSM (``AppSpec.merge_memory``; None: the
         default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``).
         ``image``: an image directory or tarball every workspace stands on (None: each app's declared image,
-        ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``)."""
+        ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
+        ``fast_cgroup_moves``: hold the kernel's favordynmods mode while the run lives (``fast_moves.py``; False:
+        leave the kernel's mode as it is, for ``bench fork`` to compare)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.image_store = image_store
@@ -68,6 +71,7 @@ class WorkspaceRuntime:
             raise ValueError(f"warm_pool is a count of slots per warm app, got {warm_pool}")
         self.warm_pool, self.warm_budget_bytes = warm_pool, warm_budget_bytes
         self.ksm_tuning = ksm
+        self.fast_cgroup_moves = fast_cgroup_moves
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.hosts: Hosts | None = None
@@ -104,7 +108,10 @@ class WorkspaceRuntime:
         staging.rename(self.run_dir)
         self._started = True
         self.ksm = KsmHold(self.run_id, registered_live_runs, self.ksm_tuning)
+        self.fast_moves = FastMoves(self.run_dir)
         try:
+            if self.fast_cgroup_moves:
+                await asyncio.to_thread(self.fast_moves.hold)
             self.nursery = Nursery(str(self.run_dir / "nursery.log"), str(self.run_dir))
             await self.nursery.start()
             self.layout = CgroupLayout.detect()
@@ -160,6 +167,8 @@ class WorkspaceRuntime:
             await step(asyncio.to_thread(self.layers.destroy_pool))
         if hasattr(self, "ksm"):  # every mergeable program is gone: the host's ksmd settings back (if the last)
             await step(asyncio.to_thread(self.ksm.give_back))
+        if hasattr(self, "fast_moves"):
+            await step(asyncio.to_thread(self.fast_moves.give_back))
         await asyncio.to_thread(shutil.rmtree, self.run_dir, ignore_errors=True)
         unregister(self.run_id)
         if errors:
