@@ -183,9 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--pages", type=_pages, default=("huge",),
                       help="the heap's pages: huge (advised THP, as the apps' heaps are), 4k (an application that "
                            "does not advise its memory), or both: huge,4k")
-    fork.add_argument("--compare-cgroup-moves", action="store_true",
-                      help="also fork with cow without the run's favordynmods mode (rows cow-rcu-moves: every "
-                           "move into a cgroup waits for an RCU grace period, as the kernel does by default)")
     fork.add_argument("--peer", choices=["sandlock"], default=None,
                       help="also fork the same heap with Sandlock's process fork (pip package sandlock), in the same "
                            "run: ratios cow/peer")
@@ -413,8 +410,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError("bench fork: --modes needs --browser chromium")
         from .bench import fork as bench_fork
 
-        backends = args.backends + (["cow" + bench_fork.RCU_MOVES] if args.compare_cgroup_moves else [])
-        event_loop.run(bench_fork.run(args.sizes, backends, args.forks, args.json, args.plot, args.pages,
+        event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot, args.pages,
                                       args.peer))
         return 0
     if args.command == "bench" and args.bench == "memory":

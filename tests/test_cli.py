@@ -62,19 +62,6 @@ def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
     assert "clone setup, p50 ms" in proc.stdout
 
 
-def test_bench_fork_compares_the_cgroup_move_modes(tmp_path: Path) -> None:
-    """``--compare-cgroup-moves``: cow's rows again from a run that does not hold the favordynmods mode, with the
-    clone's setup by step on both (the first step is its move into its cgroups)."""
-    out = tmp_path / "fork.json"
-    proc = bunshin("bench", "fork", "--sizes", "8M", "--backends", "cow", "--forks", "2", "--compare-cgroup-moves",
-                   "--json", str(out))
-    assert proc.returncode == 0, proc.stderr
-    rows = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
-    assert sorted(rows) == ["cow", "cow-rcu-moves"]
-    assert all(list(r["clone_steps_ms_p50"])[0] == "cgroup" for r in rows.values())
-    assert "[cow-rcu-moves 8.0 MiB huge] round 2/2" in proc.stderr
-
-
 def test_bench_fork_in_4k_pages_and_against_sandlock(tmp_path: Path) -> None:
     """``--pages huge,4k --peer sandlock``: the workspace's heap in the pages asked for (none of it in huge pages
     with 4k), Sandlock's process fork of the same heap measured in the same run, and the ratios cow/sandlock."""

@@ -46,21 +46,17 @@ def _log(message: str) -> None:
 PAGES = ("huge", "4k")
 
 
-RCU_MOVES = "-rcu-moves"  # a backend's rows measured without the run's favordynmods mode (``fast_moves.py``)
-
-
 async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str, Any]:
     app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp",
                   kwargs={"size_bytes": size, "huge_pages": pages == "huge"})
-    label, backend = backend, backend.removesuffix(RCU_MOVES)
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     steps: dict[str, list[float]] = {}  # the live clone's setup by step (cow), ms
-    async with WorkspaceRuntime(backend=backend, limits=limits, fast_cgroup_moves=label == backend) as rt:
+    async with WorkspaceRuntime(backend=backend, limits=limits) as rt:
         started = time.monotonic()
         source = await rt.create(app)
         held = source.memory()
-        _log(f"[{label} {human_bytes(size)} {pages}] source ready in {time.monotonic() - started:.2f}s, "
+        _log(f"[{backend} {human_bytes(size)} {pages}] source ready in {time.monotonic() - started:.2f}s, "
              f"memory {human_bytes(held.pss)} PSS, {human_bytes(held.anon_huge)} in huge pages")
         for i in range(forks):
             await source.execute(ToolCall(name="write_pages", args={"page": i, "value": i & 0xFF}))
@@ -81,11 +77,11 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             await clone.execute(ToolCall(name="write_pages", args={"fraction": 0.10, "value": 0xCD}))
             private10.append(clone.memory().private)
             await clone.close()
-            _log(f"[{label} {human_bytes(size)} {pages}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
+            _log(f"[{backend} {human_bytes(size)} {pages}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
                  f"ready {ready[-1]:.1f} ms, again {again[-1]:.1f} ms, clone private {human_bytes(private[-1])}")
     med = lambda xs: int(percentile(xs, 50))  # noqa: E731
     return {
-        "backend": label, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
+        "backend": backend, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
         "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
         "freeze_ms_p50": percentile(freeze, 50), "freeze_ms_p95": percentile(freeze, 95),
         "ready_ms_p50": percentile(ready, 50), "ready_ms_p95": percentile(ready, 95),

@@ -10,10 +10,10 @@ the kernel's global threadgroup rwsem for writing; in the default mode that wait
 14.4 ms p50 of a 32 ms fork-to-ready at 1 GiB). Once any hierarchy is mounted ``favordynmods`` (Linux 6.0;
 mounting one is enough, for every hierarchy), the rwsem stays in its reader-slow mode: a move takes 0.1 ms, and
 forks and exits take it as a plain shared reader (one shared counter: nothing measurable on two cores). The mode is
-the kernel's, machine-wide, for as long as some run holds such a mount: two runs mount the same named hierarchy,
-the mode ends with the last unmount.
+the kernel's, machine-wide (two runs mount the same named hierarchy), and it outlives the mount: the kernel (6.18
+here) keeps it after a v1 hierarchy that had it is gone, until the machine reboots (docs/fork.md).
 Must never: fail the run (a kernel or a cgroup setup without the option: the run goes on without it, ``detail``
-says why), or outlive the run's directory.
+says why), or leave its mount behind the run's directory.
 """
 
 from __future__ import annotations

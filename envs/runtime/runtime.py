@@ -57,8 +57,8 @@ class WorkspaceRuntime:
         default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``).
         ``image``: an image directory or tarball every workspace stands on (None: each app's declared image,
         ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
-        ``fast_cgroup_moves``: hold the kernel's favordynmods mode while the run lives (``fast_moves.py``; False:
-        leave the kernel's mode as it is, for ``bench fork`` to compare)."""
+        ``fast_cgroup_moves``: put the kernel in its favordynmods mode for the run (``fast_moves.py``; False: leave
+        the kernel's mode as it is)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.image_store = image_store
