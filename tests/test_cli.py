@@ -21,7 +21,9 @@ def test_doctor_reports_checks_and_backends() -> None:
     report = json.loads(proc.stdout)
     names = {c["name"] for c in report["checks"]}
     assert {"root", "namespace mount", "overlayfs", "btrfs", "cgroups", "KSM", "docker daemon",
-            "bunshin kernel module", "chromium", "browser fork: replay"} <= names
+            "bunshin kernel module", "chromium", "browser fork: replay", "fast cgroup moves"} <= names
+    moves = next(c for c in report["checks"] if c["name"] == "fast cgroup moves")
+    assert moves["ok"] and "favordynmods" in moves["detail"]  # Linux 6.18 here
     replay = next(c for c in report["checks"] if c["name"] == "browser fork: replay")
     assert replay["ok"] and "started fresh and brought to its source's state" in replay["detail"]
     assert report["backends"]["cow"]["available"] is True

@@ -140,6 +140,11 @@ def diagnose() -> Report:
     release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
     add(Check("pidfd setns", release >= (5, 8), f"kernel {os.uname().release} (workers enter clones by pidfd)"))
     add(Check("open_tree", release >= (5, 2), "detached pool mount for overlay layers"))
+    mounted = "favordynmods" in Path("/proc/self/mountinfo").read_text()
+    add(Check("fast cgroup moves", release >= (6, 0),
+              f"kernel {os.uname().release}: each run mounts a favordynmods cgroup hierarchy (fast_moves.py; the "
+              f"mode then stays until reboot); {'a hierarchy holds it now' if mounted else 'none mounted now'}"
+              if release >= (6, 0) else "needs Linux 6.0 (favordynmods): a clone's cgroup move waits for RCU"))
 
     need = ["root", "namespace mount", "namespace net", "namespace uts", "namespace ipc", "namespace pid",
             "overlayfs", "btrfs", "cgroups", "pidfd setns", "open_tree"]
