@@ -533,6 +533,13 @@ def workload_shell(args: argparse.Namespace) -> list[str]:
         alive = any(_ns_pid(int(p)) == int(job) for p in _tree(source.init))
         if not alive:
             problems.append(f"the source's job (pid {job} in its namespace) is gone")
+        def advanced() -> bool:  # every writer has written again, on both sides (slow under TCG beside other jobs)
+            return (lines(source.path("/tmp/ticks")) > ticks[0] and lines(clone.path("/tmp/ticks")) > ticks[1]
+                    and lines(source.path("/tmp/daemon")) > daemon[0] and lines(clone.path("/tmp/daemon")) > daemon[1])
+
+        deadline = time.monotonic() + 30
+        while not advanced() and time.monotonic() < deadline:
+            time.sleep(0.2)
         if lines(source.path("/tmp/ticks")) <= ticks[0] or lines(clone.path("/tmp/ticks")) <= ticks[1]:
             problems.append("a background pipeline stopped")
         if lines(source.path("/tmp/daemon")) <= daemon[0] or lines(clone.path("/tmp/daemon")) <= daemon[1]:
