@@ -42,6 +42,10 @@ Knobs (``DesktopApp(...)`` keyword arguments) and their defaults:
   editor, spreadsheet or search action the host waits the modelled action time plus OSWorld's pause, before the
   screenshot; a ``terminal`` command keeps its real time and ``WAIT`` its own seconds (no added wait); internal tools
   never wait. Times this scale; 0: no added latency. The chain it is drawn from is in the state image.
+- ``virtual_clock=True``: the terminal's Python programs read the workspace's virtual clock (``envs/virtual_clock.py``:
+  a fixed start, a second per agent call plus what ``WAIT`` waited; in a program one microsecond per read plus
+  what it slept), so the project's test runs print the same duration whenever they run the same code and the
+  prefix cache can serve them. False: they read the real clock.
 - ``recording_frames=16``: the screen recorder (OSWorld records every episode) keeps the last N composited frames
   raw (1920x1080 RGB, 6 MiB each), one per agent step: the main private growth of a sample's first steps.
 
@@ -64,6 +68,7 @@ from ..latency import ToolLatency
 from ..records import Observation, ToolCall
 from ..runtime.image import AGENT_GID, AGENT_HOME, AGENT_UID
 from ..suites.base import ActionError
+from ..virtual_clock import VirtualClock
 from . import home
 from . import tools as agent_tools
 from .editor import Buffer
@@ -87,7 +92,7 @@ class DesktopApp(WorkspaceApp):
     def __init__(self, cache_mb: float = 48, index_roots: tuple[str, ...] | list[str] = ("/usr",),
                  window_w: int = 1100, window_h: int = 700, scrollback_lines: int = 10_000,
                  undo_depth: int = 1000, screenshots: bool = True, png_level: int = 1, home_files: bool = True,
-                 recording_frames: int = 16, time_scale: float = 1.0):
+                 recording_frames: int = 16, time_scale: float = 1.0, virtual_clock: bool = True):
         if cache_mb < 0:
             raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         if not (200 <= window_w <= 1800 and 150 <= window_h <= 1000):
@@ -100,6 +105,9 @@ class DesktopApp(WorkspaceApp):
             raise ValueError(f"recording_frames must be >= 0, got {recording_frames}")
         self.recording_frames = recording_frames
         self.latency = ToolLatency("desktop", time_scale)
+        if not isinstance(virtual_clock, bool):
+            raise ValueError(f"virtual_clock must be true or false, got {virtual_clock!r}")
+        self.virtual_clock = virtual_clock
         self.cache: SessionCache | None = None
         self._init_state()
 
@@ -112,6 +120,7 @@ class DesktopApp(WorkspaceApp):
         self.versions: dict[str, int] = {"terminal": 0}
         self.compositor = Compositor(self.window_w, self.window_h)
         self.recording: list[bytes] = []  # the screen recorder's last frames, raw RGB
+        self.clock = VirtualClock()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def setup(self, ctx: AppContext) -> None:
@@ -125,6 +134,8 @@ class DesktopApp(WorkspaceApp):
                 os.chown(path, AGENT_UID, AGENT_GID)
         os.makedirs(PRIVATE_DIR, mode=0o700, exist_ok=True)
         os.chmod(PRIVATE_DIR, 0o700)
+        if self.virtual_clock:
+            VirtualClock.install()
         if not os.path.lexists("/home/user"):  # OSWorld's task files name the user's home /home/user
             os.symlink(AGENT_HOME, "/home/user")
         self._warm_up()
@@ -146,16 +157,17 @@ class DesktopApp(WorkspaceApp):
 
     def checkpoint(self) -> list[bytes | memoryview]:
         """The session's image (``state_image``): windows, documents, the warmed-up session cache (its heap out
-        of band), the compositor's textures, the screen recording and the latency chain."""
+        of band), the compositor's textures, the screen recording, the latency chain and the virtual clock."""
         return state_image.dump((self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order,
-                                 self.versions, self.cache, self.compositor, self.recording, self.latency))
+                                 self.versions, self.cache, self.compositor, self.recording, self.latency,
+                                 self.clock))
 
     def restore(self, ctx: AppContext, data: memoryview) -> None:
         """Instead of ``setup``: the session read back from its image into private memory (the cache is not
         rebuilt, the textures not re-rendered)."""
         self.ctx = ctx
         (self.terminal, self.buffers, self.sheets, self.sheet_modified, self.order, self.versions, self.cache,
-         self.compositor, self.recording, self.latency) = state_image.load(data)
+         self.compositor, self.recording, self.latency, self.clock) = state_image.load(data)
         font()  # the UI font, loaded as the process's libraries are
 
     def close(self) -> None:
@@ -275,6 +287,7 @@ class DesktopApp(WorkspaceApp):
             except ActionError as exc:
                 raise ToolError(str(exc)) from exc
             done = fn(decoded)
+            self.clock.step()
             self.latency.wait(draw, kind)
             return self.observe(done)
         return tool
@@ -293,10 +306,12 @@ class DesktopApp(WorkspaceApp):
         return Observation(output=output, exit_code=result.exit_code, error=result.error)
 
     def ctx_run(self, cmd: str, timeout: float) -> Observation:
-        return self.ctx.run_agent(cmd, timeout)
+        """``cmd`` as the agent (its Python programs on the virtual clock, unless it is off)."""
+        return self.ctx.run_agent(self.clock.prelude() + cmd if self.virtual_clock else cmd, timeout)
 
     def _wait(self, a: agent_tools.WaitArgs) -> Observation:
         time.sleep(a.seconds)
+        self.clock.wait(a.seconds)
         return Observation(output="")
 
     def _search_files(self, a: agent_tools.SearchFilesArgs) -> Observation:
@@ -451,7 +466,7 @@ class DesktopApp(WorkspaceApp):
             command = shlex.join(command)
         if not isinstance(command, str):
             raise ToolError("_exec needs 'command' as a string or a list of strings")
-        return self.ctx.run_agent(command, float(args.get("timeout_s", 120)))
+        return self.ctx_run(command, float(args.get("timeout_s", 120)))
 
     def _read_file(self, args: dict[str, Any]) -> Observation:
         """A file for a getter, read as root without following symlinks: an agent cannot point its result file at
