@@ -24,6 +24,7 @@ from .commands.flags import (
     browser_argument,
     budget_of,
     deployment_arguments,
+    hot_budget_of,
     knob,
     make_suite,
     nbytes_of,
@@ -119,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve tool calls from a prefix tree of workspace snapshots (docs/prefix.md)")
     ev.add_argument("--cache-dir", type=Path, metavar="DIR",
                     help="with --prefix-cache: keep the tree and its checkpoints here across runs")
-    ev.add_argument("--hot-budget", type=budget_of, default=DEFAULT, metavar="BYTES",
-                    help="with --prefix-cache: memory for snapshots (default 256M; none: unbounded)")
+    ev.add_argument("--hot-budget", type=hot_budget_of, default=DEFAULT, metavar="BYTES|SHARE%",
+                    help="with --prefix-cache: memory for snapshots (default 256M; none: unbounded; 10%%: a tenth "
+                         "of the most the run has held without them)")
     ev.add_argument("--disk-budget", type=budget_of, default=DEFAULT, metavar="BYTES",
                     help="with --prefix-cache: disk for checkpoints (default 8G; none: unbounded)")
     ev.add_argument("--cache-strategy", choices=["lru", "cost"], default="lru",
@@ -295,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prefix and full modes: the caches' directory, each mode in its own subdirectory, full's "
                          "selector beside its cache (default none: in memory only, as --prefix-cache without "
                          "--cache-dir; temp: a fresh temporary one, removed afterwards)")
-    ep.add_argument("--hot-budget", type=budget_of, default=DEFAULT,
+    ep.add_argument("--hot-budget", type=hot_budget_of, default=DEFAULT,
                     help="prefix and full modes: bytes of snapshots in memory (default: --prefix-cache's, 256M; "
-                         "none: unbounded)")
+                         "none: unbounded; 10%%: a share of the most the run has held without them)")
     ep.add_argument("--disk-budget", type=budget_of, default=DEFAULT,
                     help="prefix and full modes: bytes of checkpoints on disk (default: --prefix-cache's, 8G)")
     ep.add_argument("--strategy", choices=["lru", "cost"], default="lru",

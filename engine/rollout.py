@@ -148,7 +148,7 @@ class RolloutEngine:
             if self.prefix is not None:
                 self.prefix_cache = PrefixCache(self.prefix, self.suite, self._make_base,
                                                 call_timeout_s=self.settings.call_timeout_s,
-                                                restore=self.runtime.restore_image)
+                                                restore=self.runtime.restore_image, run_memory=self.meter.now)
                 stack.push_async_callback(self._close_cache)
                 await self.prefix_cache.open(list(self.tasks.values()))
             if self.speculation is not None:

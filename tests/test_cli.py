@@ -239,6 +239,21 @@ def test_bad_speculation_flags_are_refused_as_argparse_errors(tmp_path: Path, ca
             assert exc.value.code == message, argv
 
 
+def test_a_hot_budget_in_percent_is_a_share_of_the_runs_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    from bunshin.engine.commands.flags import prefix_settings
+
+    share = prefix_settings(parse(*EVAL, "--prefix-cache", "--hot-budget", "10%"))
+    assert share is not None and share.hot_share == pytest.approx(0.1) and share.hot_budget is None
+    absolute = prefix_settings(parse(*EVAL, "--prefix-cache", "--hot-budget", "512M"))
+    assert absolute is not None and absolute.hot_share is None and absolute.hot_budget == 512 << 20
+    default = prefix_settings(parse(*EVAL, "--prefix-cache"))
+    assert default is not None and default.hot_share is None and default.hot_budget == 256 << 20
+    for bad, says in (("5000%", "a share must be within 0% and 1000%"), ("x%", "bad percentage")):
+        with pytest.raises(SystemExit):
+            parse(*EVAL, "--prefix-cache", "--hot-budget", bad)
+        assert says in capsys.readouterr().err
+
+
 def test_eval_summary_counts_steps_by_source_and_shows_speculation() -> None:
     from bunshin.engine.commands.eval_command import SPECULATION_COLUMNS, speculation_rows, steps_by_source
     from bunshin.engine.records import Status, Step, StepObservation, ToolCall, Trajectory

@@ -156,13 +156,14 @@ class EngineMachine(RuleBasedStateMachine):
         self.suite = CounterSuite()
 
     @initialize(mode=st.sampled_from(MODES), concurrency=st.integers(1, 4), steps=st.integers(1, 4),
-                part=st.sampled_from([0.0, 0.3, 1.0]), hot=st.sampled_from([None, 0, 3 << 20]),
+                part=st.sampled_from([0.0, 0.3, 1.0]), hot=st.sampled_from([None, 0, 3 << 20, 0.5]),
                 min_issuers=st.integers(1, 2), slots=st.integers(1, 2), think_s=st.sampled_from([0.0, 0.01]))
-    def open(self, mode: str, concurrency: int, steps: int, part: float, hot: int | None, min_issuers: int,
+    def open(self, mode: str, concurrency: int, steps: int, part: float, hot: int | float | None, min_issuers: int,
              slots: int, think_s: float) -> None:
         kwargs: dict[str, Any] = {}
-        if mode in ("prefix", "full"):
-            kwargs["prefix"] = PrefixSettings(hot_budget=hot, min_issuers=min_issuers)
+        if mode in ("prefix", "full"):  # a float: a relative hot budget, that share of the run's memory
+            kwargs["prefix"] = (PrefixSettings(hot_budget=None, hot_share=hot, min_issuers=min_issuers)
+                                if isinstance(hot, float) else PrefixSettings(hot_budget=hot, min_issuers=min_issuers))
         if mode in ("spec", "full"):
             kwargs["speculation"] = SpecSettings(slots=slots, threshold=0.0, memory_headroom=None)
         if self.kind == "memory":

@@ -40,6 +40,21 @@ def budget_of(value: str) -> int | str | None:
     return None if text in ("none", "unbounded") else DEFAULT if text == DEFAULT else nbytes_of(value)
 
 
+def hot_budget_of(value: str) -> int | float | str | None:
+    """``--hot-budget``: ``budget_of``'s, or ``10%``: a share of the most the run has held without its snapshots
+    (a float)."""
+    text = value.strip()
+    if not text.endswith("%"):
+        return budget_of(value)
+    try:
+        share = float(text[:-1]) / 100
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad percentage {value!r}") from exc
+    if not 0.0 <= share <= 10.0:
+        raise argparse.ArgumentTypeError(f"--hot-budget {value}: a share must be within 0% and 1000%")
+    return share
+
+
 def spec_memory_of(value: str) -> tuple[str, float] | str | None:
     """``--spec-memory``: ``10%`` (the branches may lift the run's memory this far above the most it held without
     them), ``256M`` (bytes the branches may hold), ``none`` (unbounded); ``default``: the flag was left out."""
@@ -197,13 +212,16 @@ class Budgets(TypedDict, total=False):
     """``PrefixSettings``' budgets as keyword arguments."""
 
     hot_budget: int | None
+    hot_share: float | None
     disk_budget: int | None
 
 
 def budgets(args: argparse.Namespace) -> Budgets:
     """The prefix-cache budgets given on the command line (a flag left out keeps ``PrefixSettings``' default)."""
     given = Budgets()
-    if args.hot_budget != DEFAULT:
+    if isinstance(args.hot_budget, float):  # a share: no absolute bound besides it
+        given["hot_budget"], given["hot_share"] = None, args.hot_budget
+    elif args.hot_budget != DEFAULT:
         given["hot_budget"] = args.hot_budget
     if args.disk_budget != DEFAULT:
         given["disk_budget"] = args.disk_budget

@@ -67,12 +67,17 @@ def same_observation(a: Observation, b: Observation) -> bool:
 class PrefixCache:
     def __init__(self, settings: PrefixSettings, suite: Suite, setup: Setup, *, call_timeout_s: float,
                  restore: Callable[..., Awaitable[Workspace]] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, run_memory: Callable[[], int] | None = None):
         """``setup(task, seed)``: a new workspace with ``task`` set up and its first observation (the engine's
         group setup); the cache calls it for a namespace whose root has no entry. ``restore``: the runtime's
-        ``restore_image`` (a workspace from a checkpoint's parts and layer), needed with a cache directory."""
+        ``restore_image`` (a workspace from a checkpoint's parts and layer), needed with a cache directory.
+        ``run_memory()``: the run's memory now (its cgroup's charge), which a relative hot budget reads."""
         self.settings, self.suite, self.setup, self.call_timeout_s = settings, suite, setup, call_timeout_s
         self.runtime_restore = restore
+        if settings.hot_share is not None and run_memory is None:
+            raise ValueError("a relative hot budget (hot_share) needs the run's memory (run_memory)")
+        self.run_memory = run_memory
+        self.high_without_hot = 0  # the most the run has held without its hot entries, as measured
         self.tree = PrefixTree(hot_budget=settings.hot_budget, cold_budget=settings.disk_budget, clock=clock,
                                strategy=LRU() if settings.strategy == "lru" else CostAware(),
                                admission=Admission(settings.min_issuers))
@@ -97,6 +102,7 @@ class PrefixCache:
                 self.settings.cache_dir, self.tree, namespaces=self.tasks.keys(), writers=self.settings.writers,
                 backlog=self.settings.backlog, restore=self._restore_at(), apply_budgets=self.evict)
             self.evict()  # the loaded tree may hold more than the budgets
+        self._share_budget()
         self._measuring = self._scope.start_soon(self._measure_hot(), name="prefix-measure-hot")
 
     def _restore_at(self) -> RestoreAt | None:
@@ -115,12 +121,29 @@ class PrefixCache:
         it frees), which grows as the workspaces forked from it diverge; then the hot budget applied."""
         while True:
             await asyncio.sleep(MEASURE_EVERY_S)
-            nodes = [n for n in self.tree.nodes.values() if n.hot is not None]
-            sizes = await asyncio.to_thread(_private_memory_of, [(n, n.hot.handle) for n in nodes])  # type: ignore[union-attr]
-            for node, handle, nbytes in sizes:
-                if node.hot is not None and node.hot.handle is handle:
-                    self.tree.resize_hot(node, max(MIN_HOT_BYTES, nbytes))
-            self.evict()
+            await self.measure_hot()
+
+    async def measure_hot(self) -> None:
+        """One pass of ``_measure_hot``."""
+        nodes = [n for n in self.tree.nodes.values() if n.hot is not None]
+        sizes = await asyncio.to_thread(_private_memory_of, [(n, n.hot.handle) for n in nodes])  # type: ignore[union-attr]
+        for node, handle, nbytes in sizes:
+            if node.hot is not None and node.hot.handle is handle:
+                self.tree.resize_hot(node, max(MIN_HOT_BYTES, nbytes))
+        self._share_budget()
+        self.evict()
+
+    def _share_budget(self) -> None:
+        """With a relative hot budget: the tree's hot budget becomes ``hot_share`` of the most the run has held
+        without its hot entries (and within ``hot_budget`` if that is set too). The mark only rises, so the budget
+        does not shrink as the run's last rollouts finish; it starts at the run's memory when the cache opens."""
+        share = self.settings.hot_share
+        if share is None or self.run_memory is None:
+            return
+        self.high_without_hot = max(self.high_without_hot, self.run_memory() - self.tree.bytes_hot)
+        relative = round(share * self.high_without_hot)
+        absolute = self.settings.hot_budget
+        self.tree.hot_budget = relative if absolute is None else min(relative, absolute)
 
     async def close(self) -> None:
         """Close every snapshot; with a cache directory, finish or abandon the writes and save the tree."""
@@ -382,6 +405,7 @@ class PrefixCache:
         stats: dict[str, Any] = dict(vars(self.tree.statistics()))
         stats.update({f"cache_{k}": v for k, v in sorted(self.counts.items())})
         stats["tool_s_replayed"] = round(self.replayed_s, 4)
+        stats["hot_budget"] = self.tree.hot_budget  # bytes, None: unbounded (relative: what it is now)
         stats["tool_s_skipped"] = round(stats["tool_s_skipped"], 4)
         if self.cold is not None:
             stats.update(self.cold.statistics())
