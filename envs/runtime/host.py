@@ -316,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, type=kind, required=True)
     args = parser.parse_args(argv)
     syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    for pool in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before an app imports numpy: a
+        os.environ.setdefault(pool, "1")  # host runs one thread (a BLAS pool would make it fork in two steps)
     fork_friendly_malloc()
     sock = socket.socket(fileno=args.channel)
     sock.setblocking(True)

@@ -67,6 +67,7 @@ class RunResources:
     warm_pool: int = 0  # ready slots per warm app (``warm_pool.py``); 0: none, every clone starts its own
     warm_budget_bytes: int | None = None  # the run's charge the pool never takes beyond (None: half of what is free)
     ksm: KsmHold | None = None  # the run's hold on ksmd's tuning, taken by the first workspace that opts into KSM
+    one_step_clones: bool = True  # ``HostConfig.one_step_clones``
 
 
 class Hosts:
@@ -160,6 +161,7 @@ class Hosts:
             ws_id=ws_id, hostname=hostname or f"ws-{ws_id}", seed=seed, layer=layer, lower=image.lower,
             image_binds=[b.pair() for b in image.binds], runtime_binds=run.runtime_binds,
             mount_target=str(target), cgroup_rel=f"ws-{ws_id}", app=app, reaper_pid=run.nursery.pid,
+            one_step_clones=run.one_step_clones,
             restore_from=restore_from, restore_workers=restore_workers, faults=run.faults,
             # KSM for what the fork cannot share: under a live fork the host's pages are its clones' already (the
             # app opts in its own programs, a browser); under a private restore nothing is shared, all may merge

@@ -36,6 +36,9 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     cgroup_rel: str  # the workspace's cgroup below each hierarchy fd
     app: AppSpec
     reaper_pid: int  # the run's nursery: clones are orphaned onto it, and die when it dies
+    # a live clone is forked in one step as its source's sibling where it can be (``fork/sibling.py``); False: the
+    # double fork always (the comparison ``bench fork --two-step`` makes)
+    one_step_clones: bool = True
     restore_from: str | None = None  # checkpoint file relative to the pool (private-restore backend)
     restore_workers: int = 0  # worker images beside it, ``<restore_from>.w<index>``
     faults: list[str] = []
@@ -126,6 +129,7 @@ class Executed(msgspec.Struct, frozen=True, kw_only=True, tag="executed"):
 
 class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
     freeze_ns: int  # how long the source stopped serving, measured inside the source
+    one_step: bool = False  # the clone was forked in one step (``fork/sibling.py``), not through a middle process
 
 
 class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):

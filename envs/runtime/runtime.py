@@ -48,7 +48,8 @@ class WorkspaceRuntime:
                  seed: int = 0, state_dir: Path | None = None, faults: list[str] | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
                  warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
-                 image_store: ImageStore | None = None, fast_cgroup_moves: bool = True):
+                 image_store: ImageStore | None = None, fast_cgroup_moves: bool = True,
+                 one_step_clones: bool = True):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
@@ -58,7 +59,8 @@ class WorkspaceRuntime:
         ``image``: an image directory or tarball every workspace stands on (None: each app's declared image,
         ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
         ``fast_cgroup_moves``: put the kernel in its favordynmods mode for the run (``fast_moves.py``; False: leave
-        the kernel's mode as it is)."""
+        the kernel's mode as it is). ``one_step_clones``: a live clone is forked in one step where it can be
+        (``fork/sibling.py``; False: the double fork, for comparison)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.image_store = image_store
@@ -72,6 +74,7 @@ class WorkspaceRuntime:
         self.warm_pool, self.warm_budget_bytes = warm_pool, warm_budget_bytes
         self.ksm_tuning = ksm
         self.fast_cgroup_moves = fast_cgroup_moves
+        self.one_step_clones = one_step_clones
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.hosts: Hosts | None = None
@@ -126,7 +129,8 @@ class WorkspaceRuntime:
                                start_timeout_s=self.start_timeout_s, nursery=self.nursery, cgroup=self.cgroup,
                                layers=self.layers, images=self.images, runtime_binds=runtime_paths(),
                                pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
-                               warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm)
+                               warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm,
+                               one_step_clones=self.one_step_clones)
             self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()

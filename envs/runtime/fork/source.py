@@ -4,9 +4,11 @@ whose failure path undoes exactly what was done, so the source always runs on.
 Steps: freeze the agents; quiesce the application and its workers (``before_fork``: flush what they buffer); snapshot
 the writable layer (btrfs, constant time; read-only for a snapshot); have each worker fork itself (``worker.py``),
 keeping our end of each worker clone's socket; ``gc.freeze()`` (so the collector does not touch, and so copy,
-every object page in the clone); ``fork()``. The child forks once more and exits (``intermediate``), so the clone is
-orphaned onto the run's nursery and becomes itself in ``clone.py``. The parent thaws the agents and the collector,
-reaps the intermediate and answers ``Forked`` with the freeze window: how long it stopped serving.
+every object page in the clone); fork the clone as a child of the run's nursery (``sibling.py``: in one step,
+``clone(CLONE_PARENT)``, where the run allows it; else a fork whose child forks once more and exits, so the clone
+is orphaned onto the nursery); the clone becomes itself in ``clone.py``. The parent thaws the agents and the
+collector, reaps the middle process if there was one, and answers ``Forked`` with the freeze window: how long it
+stopped serving.
 Must never: return with the agents frozen, the collector frozen, or a descriptor of the clone's open.
 """
 
@@ -21,6 +23,7 @@ from ..channel import send_frame
 from ..layers import snapshot_at
 from ..protocol import CloneSpec, Failed, Forked, Reply, encoder
 from . import clone
+from .sibling import fork_to_reaper
 from .state import ForkState
 
 
@@ -53,7 +56,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
         gc.freeze()
         gc_frozen = True
         state.fault("fork.before_fork")
-        pid = os.fork()
+        pid, one_step = fork_to_reaper(state.config.reaper_pid, one_step=state.config.one_step_clones)
     except BaseException:
         os.close(clone_fd)
         for end in worker_ends:
@@ -64,7 +67,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
             state.agents.thaw()
         raise
     if pid == 0:
-        intermediate(state, spec, clone_fd, worker_ends)  # returns only in the clone
+        in_clone(state, spec, clone_fd, worker_ends)  # returns only in the clone, once it is ready
         raise clone.BecameClone
     os.close(clone_fd)
     for end in worker_ends:
@@ -72,21 +75,15 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
     if agents_frozen:
         state.agents.thaw()
     gc.unfreeze()  # the source collects as before; only the clone keeps the heap out of the collector's way
-    _, status = os.waitpid(pid, 0)
+    status = 0 if one_step else os.waitpid(pid, 0)[1]  # a one-step clone is the nursery's to reap
     frozen_for = time.monotonic_ns() - started
     if status != 0:
         return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
-    return Forked(freeze_ns=frozen_for)
+    return Forked(freeze_ns=frozen_for, one_step=one_step)
 
 
-def intermediate(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
-    """Fork once more and exit, so the clone is orphaned onto the run's nursery (a child subreaper), not onto the
-    source. Returns only in the clone, once it is ready."""
-    try:
-        if os.fork() != 0:
-            os._exit(0)
-    except BaseException:
-        os._exit(70)
+def in_clone(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+    """The clone becomes a workspace of its own (``clone.py``); a failure is told on its engine socket and ends it."""
     try:
         clone.become(state, spec, clone_fd, worker_ends)
     except BaseException as exc:

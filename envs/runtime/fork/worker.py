@@ -24,6 +24,7 @@ from .. import syscalls
 from ..cgroups import join_by_fds
 from ..channel import recv_frame, send_frame
 from ..protocol import WorkerAdopt, WorkerReply, encoder, worker_message_decoder
+from .sibling import fork_to_reaper
 
 _NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
 
@@ -40,11 +41,9 @@ class WorkerBecameClone(Exception):
 def fork(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppContext, cgroup_fds: list[int]) -> WorkerReply:
     """Fork the worker serving the host on ``sock``; in the source, the reply to the host. In the clone it raises
     ``WorkerBecameClone`` once the clone is in its workspace."""
-    pid = os.fork()
+    pid, _ = fork_to_reaper(0, one_step=False)  # a first worker's parent is its host, not the nursery: two steps
     if pid == 0:
         try:
-            if os.fork() != 0:
-                os._exit(0)
             clone_sock = become(sock, clone_end, app=app, ctx=ctx, cgroup_fds=cgroup_fds)
         except BaseException:
             traceback.print_exc()
