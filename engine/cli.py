@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--peer", choices=["sandlock"], default=None,
                       help="also fork the same heap with Sandlock's process fork (pip package sandlock), in the same "
                            "run: ratios cow/peer")
+    fork.add_argument("--two-step", action="store_true",
+                      help="also the cow backend forking in two steps, as before one-step clones (rows cow-2step): "
+                           "ratios cow/cow-2step")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
     fork.add_argument("--browser", choices=["chromium"], default=None,
@@ -413,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
         from .bench import fork as bench_fork
 
         event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot, args.pages,
-                                      args.peer))
+                                      args.peer, args.two_step))
         return 0
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory

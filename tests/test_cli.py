@@ -88,8 +88,22 @@ def test_bench_fork_in_4k_pages_and_against_sandlock(tmp_path: Path) -> None:
         assert r["ready_p50_ratio"] == rows["cow", page]["ready_ms_p50"] / rows["sandlock", page]["ready_ms_p50"]
     assert "ready cow/sandlock" in proc.stdout and "[sandlock 32 MiB 4k] round 2/2" in proc.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(rows["cow", page]["one_step_forks"] == 2 for page in ("huge", "4k"))
     bad = bunshin("bench", "fork", "--pages", "2m")
     assert bad.returncode == 2 and "bad page list '2m'" in bad.stderr
+
+
+def test_bench_fork_two_step_compares_one_step_clones_with_the_double_fork(tmp_path: Path) -> None:
+    out = tmp_path / "fork.json"
+    proc = bunshin("bench", "fork", "--sizes", "32M", "--backends", "cow", "--forks", "2", "--pages", "4k",
+                   "--two-step", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in data["results"]}
+    assert rows["cow"]["one_step_forks"] == 2 and rows["cow-2step"]["one_step_forks"] == 0
+    (ratio,) = data["ratios_cow_vs_two_step"]
+    assert ratio["freeze_p50_ratio"] == rows["cow"]["freeze_ms_p50"] / rows["cow-2step"]["freeze_ms_p50"]
+    assert "freeze cow/cow-2step" in proc.stdout
 
 
 def test_bench_memory_repeats_and_summarises(tmp_path: Path) -> None:

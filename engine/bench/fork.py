@@ -8,6 +8,8 @@ restore backend its dump; fork-to-ready, that dump included) and a second fork o
 a restore from the existing dump, as CRIU restores one image many times); the first clone's private memory and
 page tables right after the fork and after it writes 1% and 10% of its heap pages; a live clone's setup by step (its
 cgroup, namespaces, root, workers, loopback, re-opened files, the app's ``after_fork``: ``Ready.steps_s``).
+``--two-step`` adds the cow backend with the double fork it had before one-step clones (rows ``cow-2step``,
+``fork/sibling.py``), ratios cow/cow-2step.
 Must never: compare numbers from different runs: both backends and the peer run here, one after the other (the
 peer in a process of its own, as a workspace's host is one).
 """
@@ -46,13 +48,18 @@ def _log(message: str) -> None:
 PAGES = ("huge", "4k")
 
 
+TWO_STEP = "cow-2step"  # the cow backend with one_step_clones=False
+
+
 async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str, Any]:
     app = AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp",
                   kwargs={"size_bytes": size, "huge_pages": pages == "huge"})
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     steps: dict[str, list[float]] = {}  # the live clone's setup by step (cow), ms
-    async with WorkspaceRuntime(backend=backend, limits=limits) as rt:
+    one_steps = []
+    async with WorkspaceRuntime(backend="cow" if backend == TWO_STEP else backend, limits=limits,
+                                one_step_clones=backend != TWO_STEP) as rt:
         started = time.monotonic()
         source = await rt.create(app)
         held = source.memory()
@@ -67,6 +74,7 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             freeze.append(clone.last_fork.freeze_s * 1e3)
             ready.append(clone.last_fork.ready_s * 1e3)
             again.append(second.last_fork.ready_s * 1e3)
+            one_steps.append(clone.last_fork.one_step)
             for step, took in clone.last_fork.clone_steps_s.items():
                 steps.setdefault(step, []).append(took * 1e3)
             await second.close()
@@ -82,7 +90,7 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
     med = lambda xs: int(percentile(xs, 50))  # noqa: E731
     return {
         "backend": backend, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
-        "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
+        "one_step_forks": sum(one_steps), "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
         "freeze_ms_p50": percentile(freeze, 50), "freeze_ms_p95": percentile(freeze, 95),
         "ready_ms_p50": percentile(ready, 50), "ready_ms_p95": percentile(ready, 95),
         "again_ms_p50": percentile(again, 50), "again_ms_p95": percentile(again, 95),
@@ -186,9 +194,9 @@ def _print_ratios(rows: list[dict[str, Any]], other: str) -> None:
 
 
 async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path | None, plot_path: Path | None,
-              pages: tuple[str, ...] = ("huge",), peer: str | None = None) -> dict[str, Any]:
+              pages: tuple[str, ...] = ("huge",), peer: str | None = None, two_step: bool = False) -> dict[str, Any]:
     results = []
-    for backend in backends:
+    for backend in [*backends, TWO_STEP] if two_step else backends:
         for page in pages:
             for size in sizes:
                 results.append(await _measure(backend, size, forks, page))
@@ -199,11 +207,15 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
     data: dict[str, Any] = {"results": results, "ratios_cow_vs_restore": _ratios(results, "restore")}
     if peer is not None:
         data[f"ratios_cow_vs_{peer}"] = _ratios(results, peer)
+    if two_step:
+        data["ratios_cow_vs_two_step"] = _ratios(results, TWO_STEP)
     print(markdown_table(results, COLUMNS))
     _print_clone_steps(results)
     _print_ratios(data["ratios_cow_vs_restore"], "restore")
     if peer is not None:
         _print_ratios(data[f"ratios_cow_vs_{peer}"], peer)
+    if two_step:
+        _print_ratios(data["ratios_cow_vs_two_step"], TWO_STEP)
     if json_path:
         write_json(json_path, data)
     if plot_path:
