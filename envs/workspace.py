@@ -33,6 +33,7 @@ class ForkTiming:
     warm_slot: bool = False  # a live fork whose clone took over a warm-pool slot's programs (a browser): a hit
     clone_steps_s: dict[str, float] = field(default_factory=dict)  # the live clone's setup by step (cow)
     one_step: bool = False  # a live clone forked in one step as its source's sibling (cow, ``fork/sibling.py``)
+    source_cpu_s: float = 0.0  # the source's CPU for this fork (cow: its middle process's included)
 
 
 class WorkspaceImage(Protocol):

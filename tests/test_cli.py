@@ -101,6 +101,11 @@ def test_bench_fork_two_step_compares_one_step_clones_with_the_double_fork(tmp_p
     data = json.loads(out.read_text())
     rows = {r["backend"]: r for r in data["results"]}
     assert rows["cow"]["one_step_forks"] == 2 and rows["cow-2step"]["one_step_forks"] == 0
+    for row in rows.values():  # a thrown-away branch's CPU, by party, every part measured
+        parts = row["branch_cpu_ms_p50_by_part"]
+        assert set(parts) == {"source", "clone", "nursery", "engine", "total"} and row["branch_cpu_ms_p50"] > 0
+        assert parts["source"] > 0 and parts["clone"] > 0 and parts["engine"] > 0
+    assert "thrown-away branch CPU, p50 ms" in proc.stdout
     (ratio,) = data["ratios_cow_vs_two_step"]
     assert ratio["freeze_p50_ratio"] == rows["cow"]["freeze_ms_p50"] / rows["cow-2step"]["freeze_ms_p50"]
     assert "freeze cow/cow-2step" in proc.stdout

@@ -98,6 +98,12 @@ async def test_a_live_fork_takes_one_step_chains_too_and_a_run_may_ask_for_two(m
         assert nursery_child(ws.pid) == runtime.nursery.pid
         assert (await ws.execute(ToolCall(name="get", args={"key": "k"}))).output == "'v'"
         assert (await ws.execute(ToolCall(name="shell", args={"cmd": "echo ok"}))).output == "ok\n"
+    burner = await source.fork()  # the CPU of a closed host's life, its agents' included (reaped by it)
+    burn = "python3 -c 'import time\nwhile time.process_time() < 0.4: pass'"  # 0.4 s of CPU, however loaded
+    assert (await burner.execute(ToolCall(name="shell", args={"cmd": burn}))).exit_code == 0
+    await burner.close()
+    assert runtime.nursery.exit_cpu_ns(burner.pid) is not None
+    assert runtime.nursery.exit_cpu_ns(burner.pid) >= 400_000_000  # type: ignore[operator]
     two = await make_runtime(one_step_clones=False, limits=Limits(memory_bytes=1 << 30, pids=128))
     source2 = await two.create(heap_app())
     clone2 = await source2.fork()

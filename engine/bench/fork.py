@@ -7,7 +7,10 @@ measuring per round: a tool call on the source (a new state), a first fork (the 
 restore backend its dump; fork-to-ready, that dump included) and a second fork of the same state (fork-to-ready:
 a restore from the existing dump, as CRIU restores one image many times); the first clone's private memory and
 page tables right after the fork and after it writes 1% and 10% of its heap pages; a live clone's setup by step (its
-cgroup, namespaces, root, workers, loopback, re-opened files, the app's ``after_fork``: ``Ready.steps_s``).
+cgroup, namespaces, root, workers, loopback, re-opened files, the app's ``after_fork``: ``Ready.steps_s``); and, for
+the live backends, the CPU of a branch thrown away unused (a third fork, closed at once): the source's for the fork
+(its middle process's included), the clone's whole life and exit (``wait4``, from the nursery), the nursery's and
+the engine process's over the fork and the close. Left out: ksmd, kernel threads, the btrfs cleaner.
 ``--two-step`` adds the cow backend with the double fork it had before one-step clones (rows ``cow-2step``,
 ``fork/sibling.py``), ratios cow/cow-2step.
 Must never: compare numbers from different runs: both backends and the peer run here, one after the other (the
@@ -37,7 +40,7 @@ COLUMNS = [
     ("ready_ms_p50", "ready p50 ms"), ("ready_ms_p95", "ready p95 ms"),
     ("again_ms_p50", "same state again: ready p50 ms"),
     ("clone_private", "clone private"), ("clone_page_tables", "clone page tables"), ("clone_private_1pct", "after 1% writes"),
-    ("clone_private_10pct", "after 10% writes"),
+    ("clone_private_10pct", "after 10% writes"), ("branch_cpu_ms_p50", "thrown-away branch CPU p50 ms"),
 ]
 
 
@@ -57,7 +60,8 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
     limits = Limits(memory_bytes=max(4 * size, 1 << 30) + (1 << 30), pids=512)
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     steps: dict[str, list[float]] = {}  # the live clone's setup by step (cow), ms
-    one_steps = []
+    one_steps: list[bool] = []
+    branch_cpu: list[dict[str, float]] = []  # ms by part
     async with WorkspaceRuntime(backend="cow" if backend == TWO_STEP else backend, limits=limits,
                                 one_step_clones=backend != TWO_STEP) as rt:
         started = time.monotonic()
@@ -78,6 +82,8 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             for step, took in clone.last_fork.clone_steps_s.items():
                 steps.setdefault(step, []).append(took * 1e3)
             await second.close()
+            if backend != "restore":
+                branch_cpu.append(await _thrown_away_branch_cpu(rt, source))
             private.append(clone.memory().private)
             tables.append(sum(page_tables(pid) for pid in clone.cgroup.procs()))
             await clone.execute(ToolCall(name="write_pages", args={"fraction": 0.01}))
@@ -100,9 +106,43 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
         "clone_private": human_bytes(med(private)), "clone_private_1pct": human_bytes(med(private1)),
         "clone_private_10pct": human_bytes(med(private10)),
         "clone_steps_ms_p50": {step: percentile(took, 50) for step, took in steps.items()},
+        **_branch_cpu_summary(branch_cpu),
         "samples": {"freeze_ms": freeze, "ready_ms": ready, "again_ms": again, "clone_private_bytes": private,
-                    "clone_page_tables_bytes": tables, "clone_steps_ms": steps},
+                    "clone_page_tables_bytes": tables, "clone_steps_ms": steps, "branch_cpu_ms": branch_cpu},
     }
+
+
+def _schedstat_ns(pid: int) -> int:
+    """The CPU time of process ``pid``'s main thread, ns (its schedstat)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+async def _thrown_away_branch_cpu(rt: WorkspaceRuntime, source: Any) -> dict[str, float]:
+    """Fork ``source`` and close the clone at once; the CPU each party spent on it, ms."""
+    nursery = rt.nursery
+    engine0, nursery0 = time.process_time_ns(), _schedstat_ns(nursery.pid)
+    branch = await source.fork()
+    await branch.close()
+    clone_ns = nursery.exit_cpu_ns(branch.pid)
+    for _ in range(100):  # the close waited for its exit; the report may trail it by a message
+        if clone_ns is not None:
+            break
+        await asyncio.sleep(0.01)
+        clone_ns = nursery.exit_cpu_ns(branch.pid)
+    if branch.last_fork is None or clone_ns is None:
+        raise EngineError(f"the thrown-away branch {branch.id}: no fork timing or exit CPU reported")
+    parts = {"source": branch.last_fork.source_cpu_s * 1e3, "clone": clone_ns / 1e6,
+             "nursery": (_schedstat_ns(nursery.pid) - nursery0) / 1e6,
+             "engine": (time.process_time_ns() - engine0) / 1e6}
+    return {**parts, "total": sum(parts.values())}
+
+
+def _branch_cpu_summary(rounds: list[dict[str, float]]) -> dict[str, Any]:
+    if not rounds:
+        return {}
+    return {"branch_cpu_ms_p50": percentile([r["total"] for r in rounds], 50),
+            "branch_cpu_ms_p50_by_part": {part: percentile([r[part] for r in rounds], 50) for part in rounds[0]}}
 
 
 async def _measure_peer(peer: str, size: int, forks: int, pages: str) -> dict[str, Any]:
@@ -182,6 +222,19 @@ def _print_clone_steps(results: list[dict[str, Any]]) -> None:
                           *[(n, n) for n in names]]))
 
 
+def _print_branch_cpu(results: list[dict[str, Any]]) -> None:
+    """A thrown-away branch's CPU by party (p50 ms), for the rows that have it."""
+    rows = [r for r in results if r.get("branch_cpu_ms_p50_by_part")]
+    if not rows:
+        return
+    parts = list(rows[0]["branch_cpu_ms_p50_by_part"])
+    print()
+    print(markdown_table([{"backend": r["backend"], "size": r["size"], "pages": r["pages"],
+                           **{p: f"{r['branch_cpu_ms_p50_by_part'][p]:.2f}" for p in parts}} for r in rows],
+                         [("backend", "thrown-away branch CPU, p50 ms: backend"), ("size", "size"), ("pages", "pages"),
+                          *[(p, p) for p in parts]]))
+
+
 def _print_ratios(rows: list[dict[str, Any]], other: str) -> None:
     if not rows:
         return
@@ -211,6 +264,7 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
         data["ratios_cow_vs_two_step"] = _ratios(results, TWO_STEP)
     print(markdown_table(results, COLUMNS))
     _print_clone_steps(results)
+    _print_branch_cpu(results)
     _print_ratios(data["ratios_cow_vs_restore"], "restore")
     if peer is not None:
         _print_ratios(data[f"ratios_cow_vs_{peer}"], peer)

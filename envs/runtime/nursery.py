@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import selectors
@@ -38,6 +39,7 @@ from .protocol import (
 )
 from .task_scope import TaskScope, run_to_end
 
+CPU_KEPT = 4096  # exits whose CPU time the engine side remembers
 UNSPAWN_TIMEOUT_S = 10.0  # a process killed before it did anything exits at once, unless the machine is swamped
 
 # -- the nursery process ------------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ def _assemble_root(root: RootSpec) -> None:
 def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -142,7 +144,8 @@ def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> 
         if proc is not None:
             proc.returncode = status  # reaped here; keep Popen from waiting again
         try:
-            send_frame(control, encoder.encode(NurseryExited(pid=pid, status=status)))
+            cpu_ns = round((usage.ru_utime + usage.ru_stime) * 1e9)
+            send_frame(control, encoder.encode(NurseryExited(pid=pid, status=status, cpu_ns=cpu_ns)))
         except OSError:
             return
 
@@ -181,6 +184,7 @@ class Nursery:
         self._tasks = TaskScope("nursery")  # its one task: the reader of the control socket
         self._replies: asyncio.Queue[NurserySpawned | NurseryFailed] = asyncio.Queue(maxsize=1)
         self._exits: dict[int, int] = {}
+        self._cpu_ns: collections.OrderedDict[int, int] = collections.OrderedDict()  # the last CPU_KEPT exits
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._lock = asyncio.Lock()
         self._read_ended = False  # the reader has stopped: no reply will come
@@ -215,6 +219,10 @@ class Nursery:
                 message = nursery_decoder.decode(await async_recv_frame(sock))
                 if isinstance(message, NurseryExited):
                     self._exits[message.pid] = message.status
+                    self._cpu_ns[message.pid] = message.cpu_ns
+                    self._cpu_ns.move_to_end(message.pid)
+                    if len(self._cpu_ns) > CPU_KEPT:
+                        self._cpu_ns.popitem(last=False)
                     waiter = self._waiters.pop(message.pid, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(message.status)
@@ -278,6 +286,11 @@ class Nursery:
 
     def exited(self, pid: int) -> bool:
         return pid in self._exits
+
+    def exit_cpu_ns(self, pid: int) -> int | None:
+        """The CPU time process ``pid`` used in its life, its exit included (its reaped children's too), once it
+        exited; kept for the last ``CPU_KEPT`` exits (a benchmark's reading, not forgotten with the status)."""
+        return self._cpu_ns.get(pid)
 
     async def wait_exit(self, pid: int, timeout: float) -> int | None:
         """The wait status of workspace process ``pid`` once it exited, or None after ``timeout``. The status

@@ -130,6 +130,7 @@ class Executed(msgspec.Struct, frozen=True, kw_only=True, tag="executed"):
 class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
     freeze_ns: int  # how long the source stopped serving, measured inside the source
     one_step: bool = False  # the clone was forked in one step (``fork/sibling.py``), not through a middle process
+    cpu_ns: int = 0  # the source's CPU for this fork, its middle process's included (two steps)
 
 
 class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):
@@ -204,10 +205,12 @@ class NurseryFailed(msgspec.Struct, frozen=True, kw_only=True, tag="spawn_failed
 
 
 class NurseryExited(msgspec.Struct, frozen=True, kw_only=True, tag="exited"):
-    """Unsolicited: a process of the run exited (waitpid status)."""
+    """Unsolicited: a process of the run exited (waitpid status; the CPU it used, its reaped children's included,
+    from ``wait4``'s resource usage)."""
 
     pid: int
     status: int
+    cpu_ns: int = 0
 
 
 Reply = Ready | Executed | Forked | Checkpointed | Pong | Lent | Closed | Failed

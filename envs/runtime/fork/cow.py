@@ -86,7 +86,8 @@ class CowFork(AllOrNothingFork):
                         app=source.app_spec, parent=source.id, generation=source.generation + 1)
             clone.last_fork = ForkTiming(freeze_s=forked.freeze_ns / 1e9,
                                          ready_s=time.monotonic() - started, warm_slot=slot is not None,
-                                         clone_steps_s=dict(ready.steps_s), one_step=forked.one_step)
+                                         clone_steps_s=dict(ready.steps_s), one_step=forked.one_step,
+                                         source_cpu_s=forked.cpu_ns / 1e9)
             if slot is not None:
                 clone.companions.append(slot)
         except BaseException as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import socket
 import time
 
@@ -34,7 +35,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
             os.close(fd)
         return Failed(kind="bad_request", message=f"fork needs exactly one descriptor, got {len(fds)}")
     clone_fd = fds[0]
-    started = time.monotonic_ns()
+    started, cpu_started, children_before = time.monotonic_ns(), time.thread_time_ns(), _children_cpu_ns()
     worker_ends: list[socket.socket] = []
     agents_frozen = gc_frozen = False
     try:
@@ -79,7 +80,14 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
     frozen_for = time.monotonic_ns() - started
     if status != 0:
         return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
-    return Forked(freeze_ns=frozen_for, one_step=one_step)
+    cpu = time.thread_time_ns() - cpu_started + _children_cpu_ns() - children_before
+    return Forked(freeze_ns=frozen_for, one_step=one_step, cpu_ns=cpu)
+
+
+def _children_cpu_ns() -> int:
+    """The CPU of our reaped children so far (a two-step fork's middle process is one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((usage.ru_utime + usage.ru_stime) * 1e9)
 
 
 def in_clone(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
