@@ -120,7 +120,7 @@ class Cgroup:
         return sorted(pids)
 
     def kill_all(self, timeout: float = 10.0) -> None:
-        if not self.path("memory").exists():
+        if not self.path("memory").exists() or not self.procs():  # nothing to kill: no freeze and thaw to write
             return
         if self.layout.version == 2 and (self.path("memory") / "cgroup.kill").exists():
             _write(self.path("memory") / "cgroup.kill", "1")
@@ -222,12 +222,8 @@ def _subgroups(group: Path, deepest_first: bool = False) -> list[Path]:
     """The groups below ``group`` (none if it is gone). Another engine may be removing the same tree (two runs
     cleaning up one dead run): directories vanishing while we walk are simply not there."""
     found: list[Path] = []
-    try:
-        for path in group.rglob("*"):
-            if path.is_dir():
-                found.append(path)
-    except FileNotFoundError:
-        pass
+    for root, dirs, _ in os.walk(group):  # directory entries' types, no stat of the many control files; a
+        found.extend(Path(root, d) for d in dirs)  # directory gone meanwhile is skipped (os.walk's default)
     return sorted(found, key=lambda p: -len(p.parts)) if deepest_first else found
 
 

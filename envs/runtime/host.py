@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             os._exit(74)
     host.serve()
-    return 0
+    # Closed: its app is closed and its layer goes with it, so nothing is left for the interpreter's finalization
+    # to do but free every object one by one (milliseconds of CPU for each thrown-away clone, more with a big heap).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
