@@ -138,7 +138,8 @@ async def test_clones_draw_their_own_random_streams(runtime: WorkspaceRuntime) -
     assert r1.output == r2.output and r1.data == r2.data
 
 
-@pytest.mark.parametrize("fault", ["fork.before_snapshot", "fork.after_snapshot", "clone.after_cgroup"])
+@pytest.mark.parametrize("fault", ["fork.before_snapshot", "fork.after_snapshot", "clone.before_cgroup",
+                                   "clone.after_cgroup"])
 async def test_failed_fork_leaves_source_running_and_nothing_behind(make_runtime, fault: str) -> None:
     rt = await make_runtime(faults=[fault])
     source = await rt.create(heap_app())

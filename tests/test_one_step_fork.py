@@ -109,3 +109,24 @@ async def test_a_live_fork_takes_one_step_chains_too_and_a_run_may_ask_for_two(m
     clone2 = await source2.fork()
     assert clone2.last_fork is not None and not clone2.last_fork.one_step
     assert nursery_child(clone2.pid) == two.nursery.pid
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fault", ["clone.before_cgroup:hang", "clone.before_cgroup:exit"])
+async def test_a_one_step_clone_that_never_reaches_its_cgroup_is_killed_and_nothing_is_left(make_runtime,
+                                                                                         fault: str) -> None:
+    """A one-step clone starts in its source's cgroup: one that hangs (or dies) before it moves to its own is
+    found by its pid (``Forked.clone_pid``), not by its cgroup, and the source runs on alone."""
+    from bunshin.envs import ForkFailed
+
+    from .conftest import pool_layers
+
+    runtime: WorkspaceRuntime = await make_runtime(faults=[fault], start_timeout_s=3.0)
+    source = await runtime.create(heap_app())
+    layers = set(pool_layers(runtime))
+    with pytest.raises(ForkFailed):
+        await source.fork()
+    assert runtime.cgroup.procs() == [source.pid]  # the clone is gone: neither in its source's cgroup nor its own
+    assert set(pool_layers(runtime)) == layers and list(runtime.workspaces) == [source.id]
+    assert sorted(p.name for p in runtime.cgroup.path("memory").iterdir() if p.is_dir()) == [f"ws-{source.id}"]
+    assert (await source.execute(ToolCall(name="shell", args={"cmd": "echo alive"}))).output == "alive\n"

@@ -237,7 +237,7 @@ class Hosts:
 
     async def _abandon_start(self, pid: int | None, group: Cgroup, layer: str, ws_id: str) -> None:
         if pid is not None:
-            self._kill_if_running(pid)
+            self.kill_if_running(pid)
             await self.run.nursery.wait_exit(pid, timeout=5.0)
             self.run.nursery.forget(pid)
         await asyncio.to_thread(self.remove_remains, group, layer, ws_id)
@@ -255,7 +255,7 @@ class Hosts:
         return await self.run.nursery.wait_exit(pid, timeout=timeout)
 
     def stop(self, ws: HostWorkspace) -> None:
-        self._kill_if_running(ws.pid)
+        self.kill_if_running(ws.pid)
 
     async def discard(self, ws: HostWorkspace) -> None:
         """After a host stopped serving: kill what is left in its cgroup, remove cgroup and layer. A task of
@@ -268,7 +268,7 @@ class Hosts:
             await ws.egress.close()
         await asyncio.to_thread(ws.cgroup.kill_all, KILL_TIMEOUT_S)  # a warm-pool slot it took is in it too
         for host in (ws, *ws.companions):
-            self._kill_if_running(host.pid)
+            self.kill_if_running(host.pid)
             await self.run.nursery.wait_exit(host.pid, timeout=10.0)
             self.run.nursery.forget(host.pid)
         await asyncio.to_thread(self.remove_remains, ws.cgroup, ws.layer, ws.id)
@@ -285,7 +285,7 @@ class Hosts:
         await self.tasks.join()
         await self.tasks.aclose()
 
-    def _kill_if_running(self, pid: int) -> None:
+    def kill_if_running(self, pid: int) -> None:
         """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""
         if self.run.nursery.exited(pid):
             return

@@ -48,6 +48,7 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     state.sock = socket.socket(fileno=clone_fd)
     os.setsid()
     die_with(state.config.reaper_pid)
+    state.fault("clone.before_cgroup")  # still in its source's cgroup: the engine kills it by pid if it fails here
     join_by_fds(state.cgroup_fds, spec.cgroup_rel)
     steps.mark("cgroup")
     state.fault("clone.after_cgroup")

@@ -73,6 +73,7 @@ class CowFork(AllOrNothingFork):
                          layer=f"ws-{clone_id}", cgroup_rel=cgroup_rel, frozen=frozen, borrow=borrow)
         engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         engine_end.setblocking(False)
+        forked: Forked | None = None
         try:
             try:
                 await await_points.reached("fork.cow.request")
@@ -92,12 +93,20 @@ class CowFork(AllOrNothingFork):
                 clone.companions.append(slot)
         except BaseException as exc:
             engine_end.close()
+            if forked is not None and forked.clone_pid:  # it may not have reached its cgroup: killed by its pid
+                await asyncio.shield(self._kill_clone(forked.clone_pid))
             await asyncio.shield(self._undo(group, spec, slot))
             if isinstance(exc, RequestRefused | WorkspaceStartFailed):
                 raise ForkFailed(source.id, f"fork to {clone_id} failed: {exc.detail}") from exc
             raise
         await hosts.admit(clone)
         return clone
+
+    async def _kill_clone(self, pid: int) -> None:
+        """A one-step clone that never became ready: killed, and waited for until the nursery has reaped it."""
+        self.hosts.kill_if_running(pid)
+        await self.hosts.wait_exit(pid, KILL_TIMEOUT_S)
+        self.hosts.run.nursery.forget(pid)
 
     async def _undo(self, group: Cgroup, spec: CloneSpec, slot: HostWorkspace | None) -> None:
         """A fork that failed: what it made goes (the slot it took too: its browser may be half-restored)."""

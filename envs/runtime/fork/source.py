@@ -81,7 +81,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
     if status != 0:
         return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
     cpu = time.thread_time_ns() - cpu_started + _children_cpu_ns() - children_before
-    return Forked(freeze_ns=frozen_for, one_step=one_step, cpu_ns=cpu)
+    return Forked(freeze_ns=frozen_for, one_step=one_step, cpu_ns=cpu, clone_pid=pid if one_step else 0)
 
 
 def _children_cpu_ns() -> int:
