@@ -271,7 +271,8 @@ def engine_step(at: str) -> None:
 # freeze can catch one in flight): the source runs a moment and the fork is tried again, the time counted
 # or a source process gone between the read and the build (SIGKILL ends even a frozen task: seen once in 14 forks of
 # Chromium)
-TRANSIENT = re.compile(r"in flight|queued|pending connections|/proc/\d+\S* ?: No such file or directory")
+TRANSIENT = re.compile(r"in flight|queued|pending connections|closed by its peer|"
+                       r"/proc/\d+\S* ?: No such file or directory")
 ATTEMPTS = 5
 
 

@@ -22,12 +22,13 @@ class TreeForkRefused(ForkFailed):
     @property
     def transient(self) -> bool:
         """A state a running source leaves by itself (bytes or descriptors in flight, events or messages queued, a
-        connection its listener has not accepted yet): a fork tried again a moment later may be taken."""
+        connection its listener has not accepted yet, one its peer has closed): a fork tried again a moment later
+        may be taken."""
         return any(words in self.why for words in TRANSIENT)
 
 
 # what a refusal of a transient state says (``reader.py``'s refusals)
-TRANSIENT = ("in flight", "queued", "not yet accepted")
+TRANSIENT = ("in flight", "queued", "not yet accepted", "closed by its peer")
 
 
 class TreeForkFailed(ForkFailed):

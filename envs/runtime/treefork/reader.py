@@ -342,14 +342,24 @@ def _socket_options(fd: _Fd) -> int:
         return SOCKET_PASSCRED if sock.getsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED) else 0
 
 
+TCP_CLOSE_WAIT = 8  # include/net/tcp_states.h
+
+
 def _other_socket(reading: _Reading, group: list[_Fd], netlink: dict[int, NetlinkSocket]) -> None:
     """A TCP listener (its address, again in the clone's network namespace), a netlink socket (its protocol, port
-    id and groups, again in the clone's network namespace, with nothing in flight); any other socket is refused."""
+    id and groups, again in the clone's network namespace, with nothing in flight); any other socket is refused, a
+    TCP connection its peer has closed as a transient state (the program closes it once it reads the end: a web
+    server between a client's close and its next poll)."""
     head = group[0]
     with socket.socket(fileno=syscalls.descriptor_of(head.host_pid, head.num)) as sock:
         family, stype = sock.family, sock.type
         listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         address = sock.getsockname() if family in (socket.AF_INET, socket.AF_INET6) else None
+        tcp_state = (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+                     if address is not None and stype == socket.SOCK_STREAM and not listening else 0)
+    if tcp_state == TCP_CLOSE_WAIT:
+        raise TreeForkRefused(head.culprit, "a TCP connection closed by its peer, still open here (not "
+                                            "reproduced; the program closes it once it reads the end)")
     oid = -1
     if family in (socket.AF_INET, socket.AF_INET6) and stype == socket.SOCK_STREAM and listening and address:
         oid = reading.add(kind="tcp_listen", path=address[0], count=address[1], peer=int(family),
