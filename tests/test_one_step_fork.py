@@ -31,7 +31,7 @@ REAPER = textwrap.dedent("""
 MIDDLE = textwrap.dedent("""
     import json, os, random, signal, sys, threading, time
     import ctypes
-    from bunshin.envs.runtime.fork.sibling import _tid_address, fork_to_reaper
+    from bunshin.envs.runtime.fork.sibling import _tid_address, clone_pid, fork_to_reaper
     if {thread}:
         t = threading.Thread(target=lambda: None); t.start(); t.join()
     print(os.getpid(), flush=True)
@@ -39,7 +39,8 @@ MIDDLE = textwrap.dedent("""
     os.register_at_fork(after_in_child=lambda: ran.append("hook"))
     r, w = os.pipe()
     before = random.random.__self__.getstate()
-    pid, one_step = fork_to_reaper(int(sys.argv[1]))
+    forking = fork_to_reaper(int(sys.argv[1]))
+    pid, one_step = forking.pid, forking.one_step
     if pid == 0:
         deadline = time.monotonic() + 10
         while os.getppid() != int(sys.argv[1]) and time.monotonic() < deadline:  # two steps: once orphaned
@@ -56,7 +57,7 @@ MIDDLE = textwrap.dedent("""
     report = json.loads(os.read(r, 65536))
     if not one_step:
         os.waitpid(pid, 0)  # the middle process of two steps
-    print(json.dumps(report))
+    print(json.dumps({{**report, "told": clone_pid(forking)}}))
 """)
 
 
@@ -68,7 +69,7 @@ def fork_report(tmp_path: Path, *, thread: bool) -> dict[str, object]:
 
 def test_a_clone_forked_in_one_step_is_the_reapers_child_with_the_interpreters_fork_work(tmp_path: Path) -> None:
     r = fork_report(tmp_path, thread=False)
-    assert r["one_step"] is True and r["ppid"] == r["reaper"] and r["middle_status"] == 0
+    assert r["one_step"] is True and r["ppid"] == r["reaper"] and r["middle_status"] == 0 and r["told"] == r["pid"]
     assert r["hooks"] == ["hook"] and r["reseeded"] is True  # os.register_at_fork hooks, random's reseed
     assert r["signalled"] == [r["pid"]] and r["native_id"] == r["pid"]
     assert r["glibc_tid"] == r["pid"]  # the thread id in glibc's thread block is the clone's, not its source's
@@ -77,7 +78,7 @@ def test_a_clone_forked_in_one_step_is_the_reapers_child_with_the_interpreters_f
 def test_a_process_that_ever_started_a_thread_forks_in_two_steps_and_the_clone_still_lands_on_the_reaper(
         tmp_path: Path) -> None:
     r = fork_report(tmp_path, thread=True)
-    assert r["one_step"] is False and r["ppid"] == r["reaper"]
+    assert r["one_step"] is False and r["ppid"] == r["reaper"] and r["told"] == r["pid"]  # the middle told it
     assert r["hooks"] == ["hook", "hook"] and r["signalled"] == [r["pid"]]  # a fork, and its child's
 
 
@@ -113,15 +114,17 @@ async def test_a_live_fork_takes_one_step_chains_too_and_a_run_may_ask_for_two(m
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", ["clone.before_cgroup:hang", "clone.before_cgroup:exit"])
-async def test_a_one_step_clone_that_never_reaches_its_cgroup_is_killed_and_nothing_is_left(make_runtime,
-                                                                                         fault: str) -> None:
-    """A one-step clone starts in its source's cgroup: one that hangs (or dies) before it moves to its own is
-    found by its pid (``Forked.clone_pid``), not by its cgroup, and the source runs on alone."""
+@pytest.mark.parametrize("one_step", [True, False])
+async def test_a_clone_that_never_reaches_its_cgroup_is_killed_and_nothing_is_left(make_runtime, fault: str,
+                                                                                   one_step: bool) -> None:
+    """A clone starts in its source's cgroup: one that hangs (or dies) before it moves to its own is found by its
+    pid (``Forked.clone_pid``; after two steps the middle process tells it), not by its cgroup, and the source
+    runs on alone."""
     from bunshin.envs import ForkFailed
 
     from .conftest import pool_layers
 
-    runtime: WorkspaceRuntime = await make_runtime(faults=[fault], start_timeout_s=3.0)
+    runtime: WorkspaceRuntime = await make_runtime(faults=[fault], start_timeout_s=3.0, one_step_clones=one_step)
     source = await runtime.create(heap_app())
     layers = set(pool_layers(runtime))
     with pytest.raises(ForkFailed):

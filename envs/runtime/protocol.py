@@ -131,7 +131,7 @@ class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
     freeze_ns: int  # how long the source stopped serving, measured inside the source
     one_step: bool = False  # the clone was forked in one step (``fork/sibling.py``), not through a middle process
     cpu_ns: int = 0  # the source's CPU for this fork, its middle process's included (two steps)
-    clone_pid: int = 0  # a one-step clone's pid (the engine kills it if it never becomes ready); 0: two steps
+    clone_pid: int = 0  # the clone's pid (the engine kills it by it if it never becomes ready); 0: not known
 
 
 class Checkpointed(msgspec.Struct, frozen=True, kw_only=True, tag="checkpointed"):

@@ -103,7 +103,7 @@ class CowFork(AllOrNothingFork):
         return clone
 
     async def _kill_clone(self, pid: int) -> None:
-        """A one-step clone that never became ready: killed, and waited for until the nursery has reaped it."""
+        """A clone that never became ready: killed, and waited for until the nursery has reaped it."""
         self.hosts.kill_if_running(pid)
         await self.hosts.wait_exit(pid, KILL_TIMEOUT_S)
         self.hosts.run.nursery.forget(pid)

@@ -23,6 +23,7 @@ import ctypes
 import functools
 import os
 import signal
+from typing import NamedTuple
 
 _SYS_CLONE = 56  # x86-64
 CLONE_PARENT = 0x00008000
@@ -80,21 +81,51 @@ def fork_as_sibling() -> int:
     return pid
 
 
-def fork_to_reaper(reaper_pid: int, *, one_step: bool = True) -> tuple[int, bool]:
-    """A clone whose parent is the nursery ``reaper_pid``. Returns ``(0, _)`` in the clone; here ``(pid, True)``
-    with the clone's pid after one step, or ``(pid, False)`` with the middle process's, which the caller reaps
-    (status 0: it made the clone; 70: its fork failed)."""
+class Forking(NamedTuple):
+    """``fork_to_reaper``'s result: ``pid`` 0 in the clone; in the caller the clone's pid after one step, else the
+    middle process's, which the caller reaps (status 0: it made the clone; 70: its fork failed) before it reads
+    the clone's pid from ``report`` (``clone_pid``)."""
+
+    pid: int
+    one_step: bool
+    report: int = -1
+
+
+def fork_to_reaper(reaper_pid: int, *, one_step: bool = True) -> Forking:
+    """A clone whose parent is the nursery ``reaper_pid``, in one step where it can be, else in two."""
     if one_step and one_step_possible(reaper_pid):
         try:
-            return fork_as_sibling(), True
+            return Forking(fork_as_sibling(), True)
         except OSError:
             pass  # refused (nothing made): two steps
-    pid = os.fork()
+    report, told = os.pipe()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(report)
+        os.close(told)
+        raise
     if pid != 0:
-        return pid, False
-    try:  # the middle process: fork once more and go, so the clone is orphaned onto the nursery
-        if os.fork() != 0:
+        os.close(told)
+        return Forking(pid, False, report)
+    os.close(report)
+    try:  # the middle process: fork once more, tell the caller the clone's pid and go (the clone is orphaned)
+        clone = os.fork()
+        if clone != 0:
+            os.write(told, clone.to_bytes(4, "little"))
             os._exit(0)
     except BaseException:
         os._exit(70)
-    return 0, False
+    os.close(told)
+    return Forking(0, False)
+
+
+def clone_pid(forking: Forking) -> int:
+    """The clone's pid, in the caller (after two steps, once the middle process is reaped: 0 if it made none)."""
+    if forking.one_step:
+        return forking.pid
+    try:
+        told = os.read(forking.report, 4)
+    finally:
+        os.close(forking.report)
+    return int.from_bytes(told, "little") if len(told) == 4 else 0

@@ -24,7 +24,7 @@ from ..channel import send_frame
 from ..layers import snapshot_at
 from ..protocol import CloneSpec, Failed, Forked, Reply, encoder
 from . import clone
-from .sibling import fork_to_reaper
+from .sibling import clone_pid, fork_to_reaper
 from .state import ForkState
 
 
@@ -57,7 +57,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
         gc.freeze()
         gc_frozen = True
         state.fault("fork.before_fork")
-        pid, one_step = fork_to_reaper(state.config.reaper_pid, one_step=state.config.one_step_clones)
+        forking = fork_to_reaper(state.config.reaper_pid, one_step=state.config.one_step_clones)
     except BaseException:
         os.close(clone_fd)
         for end in worker_ends:
@@ -67,7 +67,7 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
         if agents_frozen:
             state.agents.thaw()
         raise
-    if pid == 0:
+    if forking.pid == 0:
         in_clone(state, spec, clone_fd, worker_ends)  # returns only in the clone, once it is ready
         raise clone.BecameClone
     os.close(clone_fd)
@@ -76,12 +76,13 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
     if agents_frozen:
         state.agents.thaw()
     gc.unfreeze()  # the source collects as before; only the clone keeps the heap out of the collector's way
-    status = 0 if one_step else os.waitpid(pid, 0)[1]  # a one-step clone is the nursery's to reap
+    status = 0 if forking.one_step else os.waitpid(forking.pid, 0)[1]  # a one-step clone is the nursery's to reap
+    pid = clone_pid(forking)
     frozen_for = time.monotonic_ns() - started
     if status != 0:
         return Failed(kind="fork", message=f"fork intermediate exited with status {status:#x}")
     cpu = time.thread_time_ns() - cpu_started + _children_cpu_ns() - children_before
-    return Forked(freeze_ns=frozen_for, one_step=one_step, cpu_ns=cpu, clone_pid=pid if one_step else 0)
+    return Forked(freeze_ns=frozen_for, one_step=forking.one_step, cpu_ns=cpu, clone_pid=pid)
 
 
 def _children_cpu_ns() -> int:

@@ -24,7 +24,7 @@ from .. import syscalls
 from ..cgroups import join_by_fds
 from ..channel import recv_frame, send_frame
 from ..protocol import WorkerAdopt, WorkerReply, encoder, worker_message_decoder
-from .sibling import fork_to_reaper
+from .sibling import clone_pid, fork_to_reaper
 
 _NAMESPACES = syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWIPC
 
@@ -41,8 +41,8 @@ class WorkerBecameClone(Exception):
 def fork(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppContext, cgroup_fds: list[int]) -> WorkerReply:
     """Fork the worker serving the host on ``sock``; in the source, the reply to the host. In the clone it raises
     ``WorkerBecameClone`` once the clone is in its workspace."""
-    pid, _ = fork_to_reaper(0, one_step=False)  # a first worker's parent is its host, not the nursery: two steps
-    if pid == 0:
+    forking = fork_to_reaper(0, one_step=False)  # a first worker's parent is its host, not the nursery: two steps
+    if forking.pid == 0:
         try:
             clone_sock = become(sock, clone_end, app=app, ctx=ctx, cgroup_fds=cgroup_fds)
         except BaseException:
@@ -50,7 +50,8 @@ def fork(sock: socket.socket, clone_end: int, *, app: WorkerApp, ctx: AppContext
             os._exit(71)
         raise WorkerBecameClone(clone_sock)
     os.close(clone_end)
-    _, status = os.waitpid(pid, 0)
+    _, status = os.waitpid(forking.pid, 0)
+    clone_pid(forking)  # (its pipe closed; the host finds its worker clones through their sockets)
     return WorkerReply(error=None if status == 0 else f"fork intermediate status {status:#x}")
 
 
