@@ -57,8 +57,14 @@ def one_step_possible(reaper_pid: int) -> bool:
     return os.getppid() == reaper_pid and _single_threaded() and _tid_address() is not None
 
 
+@functools.cache
+def _single_threaded_flag() -> ctypes.c_bool:
+    """glibc's own flag (its address is the same in every fork of the process: looked up once)."""
+    return ctypes.c_bool.in_dll(ctypes.CDLL(None), "__libc_single_threaded")
+
+
 def _single_threaded() -> bool:
-    return bool(ctypes.c_bool.in_dll(ctypes.CDLL(None), "__libc_single_threaded").value)
+    return bool(_single_threaded_flag().value)
 
 
 def fork_as_sibling() -> int:
