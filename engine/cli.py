@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     fork.add_argument("--two-step", action="store_true",
                       help="also the cow backend forking in two steps, as before one-step clones (rows cow-2step): "
                            "ratios cow/cow-2step")
+    fork.add_argument("--no-shells", action="store_true",
+                      help="also the cow backend without prepared shells, each fork making its clone's cgroup and "
+                           "namespaces on its path (rows cow-noshell): ratios cow/cow-noshell")
     fork.add_argument("--json", type=Path, help="write results as JSON here")
     fork.add_argument("--plot", type=Path, help="write a PNG plot here")
     fork.add_argument("--browser", choices=["chromium"], default=None,
@@ -418,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         from .bench import fork as bench_fork
 
         event_loop.run(bench_fork.run(args.sizes, args.backends, args.forks, args.json, args.plot, args.pages,
-                                      args.peer, args.two_step))
+                                      args.peer, args.two_step, args.no_shells))
         return 0
     if args.command == "bench" and args.bench == "memory":
         from .bench import memory as bench_memory

@@ -34,6 +34,7 @@ class ForkTiming:
     clone_steps_s: dict[str, float] = field(default_factory=dict)  # the live clone's setup by step (cow)
     one_step: bool = False  # a live clone forked in one step as its source's sibling (cow, ``fork/sibling.py``)
     source_cpu_s: float = 0.0  # the source's CPU for this fork (cow: its middle process's included)
+    shell: bool = False  # a live clone that took a prepared shell (its cgroup and namespaces made ahead, cow)
 
 
 class WorkspaceImage(Protocol):

@@ -21,6 +21,7 @@ from bunshin.envs import AppSpec, Limits, Workspace, WorkspaceRuntime
 from bunshin.envs.runtime import await_points
 from bunshin.envs.runtime.host_workspace import HostWorkspace
 from bunshin.envs.runtime.layers import DUMPS
+from bunshin.envs.runtime.nursery import HOLDER_NAME
 from bunshin.envs.runtime.protocol import Ping, Pong
 from tests.quiet import settled  # absolute: tests/test_watchdog.py runs a copy of this file
 
@@ -66,11 +67,15 @@ def live_processes() -> list[tuple[int, bytes, str]]:
     return found
 
 
-def host_processes() -> list[int]:
-    """Workspace hosts and nurseries started by this test session (matched by program and session marker)."""
+def host_processes(shells: bool = True) -> list[int]:
+    """Workspace hosts and nurseries started by this test session (matched by program and session marker), and
+    unless ``shells`` is False the prepared shells' holders (forks of a nursery, named ``HOLDER_NAME``: a live
+    run makes new ones as its forks take them)."""
     pids = []
     for pid, cmd, _ in live_processes():
         if b"bunshin.envs.runtime.host" in cmd or b"bunshin.envs.runtime.nursery" in cmd:
+            if not shells and _comm(pid) == HOLDER_NAME:
+                continue
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
@@ -78,6 +83,13 @@ def host_processes() -> list[int]:
             if SESSION_MARKER.encode() in environ:
                 pids.append(pid)
     return pids
+
+
+def _comm(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/comm").read_bytes().strip()
+    except OSError:
+        return b""
 
 
 def leftovers(run_id: str, run_dir: Path, ignore: frozenset[int] = frozenset()) -> list[str]:
@@ -149,6 +161,22 @@ async def runtime(make_runtime: Callable[..., object]) -> WorkspaceRuntime:
     return await make_runtime()  # type: ignore[misc]
 
 
+def workspace_groups(rt: WorkspaceRuntime) -> list[str]:
+    """The cgroups below the run's that are workspaces', sorted: the prepared shells' (``shells.py``) are not."""
+    shells = rt.hosts.shells.groups() if rt.hosts is not None else set()
+    return sorted(p.name for p in rt.cgroup.path("memory").iterdir() if p.is_dir() and p.name not in shells)
+
+
+def workspace_procs(rt: WorkspaceRuntime) -> list[int]:
+    """The run's processes, sorted, but the prepared shells' holders (ready or being made)."""
+    if rt.hosts is None:
+        return sorted(rt.cgroup.procs())
+    held: set[int] = set()
+    for name in rt.hosts.shells.groups():
+        held.update(rt.cgroup.child(name).procs())
+    return sorted(p for p in rt.cgroup.procs() if p not in held)
+
+
 def pool_layers(rt: WorkspaceRuntime) -> list[str]:
     """The layers in the run's pool (not the dumps' tmpfs), sorted."""
     return sorted(p.name for p in rt.layers.root.iterdir() if p.is_dir() and p.name != DUMPS)
@@ -159,6 +187,11 @@ async def ping(ws: Workspace) -> Pong:
     assert isinstance(ws, HostWorkspace)
     reply = await ws.request(Ping())
     return ws.expect(reply, Pong)
+
+
+# Await points that a run's own tasks pass as well as the call under test (the prepared shells' refill asks the
+# nursery too, ``shells.py``): a test listing the points a call passes leaves these out.
+SHARED_POINTS = frozenset({"shell.make", "nursery.request.sent"})
 
 
 def cancel_at(task: asyncio.Future[object], name: str, occurrence: int = 1) -> await_points.Hook:

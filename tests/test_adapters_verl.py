@@ -126,7 +126,7 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
 
     real_session_for = adapter.session_for
     monkeypatch.setattr(adapter, "session_for", recorded)
-    before = set(host_processes())
+    before = set(host_processes(shells=False))
     out = asyncio.run(worker.generate_sequences(batch))
     # the three rollouts of the task ran at once, in forks of one set-up workspace, closed when the last ended
     assert len(sessions) == 1 and sessions[0].closed
@@ -155,7 +155,7 @@ def test_verl_runs_rollouts_of_a_desktop_task_token_in_token_out(state_dir, tmp_
     assert list(extra["bunshin_truncated"]) == [False, False, True]
     assert list(extra["bunshin_error"]) == [None, None, None]
     assert list(extra["bunshin_actions"][0]) == reference
-    assert not (set(host_processes()) - before), "a rollout left a workspace host behind"
+    assert not (set(host_processes(shells=False)) - before), "a rollout left a workspace host behind"
     assert json.dumps(msgspec.to_builtins(list(extra["bunshin_task_id"]))) == json.dumps([TASK_ID] * 3)
 
 

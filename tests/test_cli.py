@@ -57,8 +57,11 @@ def test_bench_fork_writes_the_promised_json(tmp_path: Path) -> None:
     assert restore["again_ms"] and all(f > 0 for f in restore["freeze_ms"])  # every round dumps a new state
     # where the live clone's setup went, step by step, in the clone's order (the restore backend starts a host)
     cow = data["results"][0]
-    assert list(cow["clone_steps_ms_p50"]) == ["cgroup", "namespaces", "root", "forget", "loopback", "reopen",
-                                               "after_fork"]
+    steps = ["cgroup", "namespaces", "root", "forget", "loopback", "reopen", "after_fork"]
+    if cow["shell_forks"] == cow["forks"]:  # every clone in a prepared shell, whose loopback was up already
+        steps.remove("loopback")
+    assert [s for s in cow["clone_steps_ms_p50"] if s != "loopback"] == [s for s in steps if s != "loopback"]
+    assert ("loopback" in cow["clone_steps_ms_p50"]) == ("loopback" in steps)
     assert all(v >= 0 for v in cow["clone_steps_ms_p50"].values()) and restore.get("clone_steps_ms") == {}
     assert sum(cow["clone_steps_ms_p50"].values()) < cow["ready_ms_p95"] * 2
     assert "clone setup, p50 ms" in proc.stdout
@@ -109,6 +112,21 @@ def test_bench_fork_two_step_compares_one_step_clones_with_the_double_fork(tmp_p
     (ratio,) = data["ratios_cow_vs_two_step"]
     assert ratio["freeze_p50_ratio"] == rows["cow"]["freeze_ms_p50"] / rows["cow-2step"]["freeze_ms_p50"]
     assert "freeze cow/cow-2step" in proc.stdout
+
+
+def test_bench_fork_no_shells_compares_prepared_shells_with_forks_that_make_their_own(tmp_path: Path) -> None:
+    out = tmp_path / "fork.json"
+    proc = bunshin("bench", "fork", "--sizes", "32M", "--backends", "cow", "--forks", "2", "--no-shells",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in data["results"]}
+    assert rows["cow"]["shell_forks"] >= 1 and rows["cow"]["shells"]["hits"] >= 1  # the run's first forks hit
+    assert rows["cow-noshell"]["shell_forks"] == 0 and rows["cow-noshell"]["shells"]["started"] == 0
+    assert "loopback" in rows["cow-noshell"]["clone_steps_ms_p50"]  # made on the fork's path without a shell
+    (ratio,) = data["ratios_cow_vs_no_shells"]
+    assert ratio["ready_p50_ratio"] == rows["cow"]["ready_ms_p50"] / rows["cow-noshell"]["ready_ms_p50"]
+    assert "ready cow/cow-noshell" in proc.stdout
 
 
 def test_bench_memory_repeats_and_summarises(tmp_path: Path) -> None:

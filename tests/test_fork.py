@@ -7,7 +7,7 @@ import pytest
 from bunshin.envs import AppSpec, ForkFailed, RequestRefused, Snapshot, ToolCall, Workspace, WorkspaceRuntime
 from bunshin.envs.runtime.cgroups import Cgroup
 
-from .conftest import heap_app, pool_layers
+from .conftest import heap_app, pool_layers, workspace_groups
 
 pytestmark = pytest.mark.asyncio
 
@@ -149,8 +149,7 @@ async def test_failed_fork_leaves_source_running_and_nothing_behind(make_runtime
         await source.fork()
     assert await get(source, "k") == "'v'"
     assert set(pool_layers(rt)) == before_layers
-    groups = sorted(p.name for p in rt.cgroup.path("memory").iterdir() if p.is_dir())
-    assert groups == [f"ws-{source.id}"]
+    assert workspace_groups(rt) == [f"ws-{source.id}"]
     assert list(rt.workspaces) == [source.id]
 
 

@@ -20,6 +20,7 @@ peer in a process of its own, as a workspace's host is one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -35,7 +36,7 @@ from ..report import human_bytes, markdown_table, percentile, pyplot, write_json
 
 COLUMNS = [
     ("backend", "backend"), ("size", "size"), ("pages", "pages"), ("source_huge", "source in huge pages"),
-    ("forks", "forks"),
+    ("forks", "forks"), ("shell_forks", "in a prepared shell"),
     ("freeze_ms_p50", "freeze p50 ms"), ("freeze_ms_p95", "freeze p95 ms"),
     ("ready_ms_p50", "ready p50 ms"), ("ready_ms_p95", "ready p95 ms"),
     ("again_ms_p50", "same state again: ready p50 ms"),
@@ -52,6 +53,8 @@ PAGES = ("huge", "4k")
 
 
 TWO_STEP = "cow-2step"  # the cow backend with one_step_clones=False
+NO_SHELLS = "cow-noshell"  # the cow backend with prepared_shells=0: every fork makes its cgroup and namespaces
+VARIANTS: dict[str, dict[str, Any]] = {TWO_STEP: {"one_step_clones": False}, NO_SHELLS: {"prepared_shells": 0}}
 
 
 async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str, Any]:
@@ -61,9 +64,10 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
     freeze, ready, again, private, tables, private1, private10 = [], [], [], [], [], [], []
     steps: dict[str, list[float]] = {}  # the live clone's setup by step (cow), ms
     one_steps: list[bool] = []
+    shells: list[bool] = []
     branch_cpu: list[dict[str, float]] = []  # ms by part
-    async with WorkspaceRuntime(backend="cow" if backend == TWO_STEP else backend, limits=limits,
-                                one_step_clones=backend != TWO_STEP) as rt:
+    async with WorkspaceRuntime(backend="cow" if backend in VARIANTS else backend, limits=limits,
+                                **VARIANTS.get(backend, {})) as rt:
         started = time.monotonic()
         source = await rt.create(app)
         held = source.memory()
@@ -79,6 +83,7 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             ready.append(clone.last_fork.ready_s * 1e3)
             again.append(second.last_fork.ready_s * 1e3)
             one_steps.append(clone.last_fork.one_step)
+            shells.append(clone.last_fork.shell)
             for step, took in clone.last_fork.clone_steps_s.items():
                 steps.setdefault(step, []).append(took * 1e3)
             await second.close()
@@ -93,10 +98,12 @@ async def _measure(backend: str, size: int, forks: int, pages: str) -> dict[str,
             await clone.close()
             _log(f"[{backend} {human_bytes(size)} {pages}] round {i + 1}/{forks}: freeze {freeze[-1]:.1f} ms, "
                  f"ready {ready[-1]:.1f} ms, again {again[-1]:.1f} ms, clone private {human_bytes(private[-1])}")
+        shell_stats = dataclasses.asdict(rt.shell_stats())
     med = lambda xs: int(percentile(xs, 50))  # noqa: E731
     return {
         "backend": backend, "size_bytes": size, "size": human_bytes(size), "pages": pages, "forks": forks,
-        "one_step_forks": sum(one_steps), "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
+        "one_step_forks": sum(one_steps), "shell_forks": sum(shells), "shells": shell_stats,
+        "source_huge_bytes": held.anon_huge, "source_huge": human_bytes(held.anon_huge),
         "freeze_ms_p50": percentile(freeze, 50), "freeze_ms_p95": percentile(freeze, 95),
         "ready_ms_p50": percentile(ready, 50), "ready_ms_p95": percentile(ready, 95),
         "again_ms_p50": percentile(again, 50), "again_ms_p95": percentile(again, 95),
@@ -247,9 +254,11 @@ def _print_ratios(rows: list[dict[str, Any]], other: str) -> None:
 
 
 async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path | None, plot_path: Path | None,
-              pages: tuple[str, ...] = ("huge",), peer: str | None = None, two_step: bool = False) -> dict[str, Any]:
+              pages: tuple[str, ...] = ("huge",), peer: str | None = None, two_step: bool = False,
+              no_shells: bool = False) -> dict[str, Any]:
     results = []
-    for backend in [*backends, TWO_STEP] if two_step else backends:
+    variants = [name for name, wanted in ((TWO_STEP, two_step), (NO_SHELLS, no_shells)) if wanted]
+    for backend in [*backends, *variants]:
         for page in pages:
             for size in sizes:
                 results.append(await _measure(backend, size, forks, page))
@@ -262,6 +271,8 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
         data[f"ratios_cow_vs_{peer}"] = _ratios(results, peer)
     if two_step:
         data["ratios_cow_vs_two_step"] = _ratios(results, TWO_STEP)
+    if no_shells:
+        data["ratios_cow_vs_no_shells"] = _ratios(results, NO_SHELLS)
     print(markdown_table(results, COLUMNS))
     _print_clone_steps(results)
     _print_branch_cpu(results)
@@ -270,6 +281,8 @@ async def run(sizes: list[int], backends: list[str], forks: int, json_path: Path
         _print_ratios(data[f"ratios_cow_vs_{peer}"], peer)
     if two_step:
         _print_ratios(data["ratios_cow_vs_two_step"], TWO_STEP)
+    if no_shells:
+        _print_ratios(data["ratios_cow_vs_no_shells"], NO_SHELLS)
     if json_path:
         write_json(json_path, data)
     if plot_path:

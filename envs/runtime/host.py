@@ -37,8 +37,9 @@ from .agents import Agents
 from .app_processes import AppProcesses
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, recv_frame, send_frame
+from .faults import InjectedFault
 from .fork import checkpoint, clone, source
-from .fork.state import ForkState, InjectedFault
+from .fork.state import ForkState
 from .protocol import (
     TREE_CGROUP_FD,
     TREE_CHANNEL_FD,

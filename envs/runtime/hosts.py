@@ -40,6 +40,7 @@ from .ksm import KsmHold
 from .layers import LayerStore
 from .nursery import Nursery
 from .protocol import Failed, HostConfig, Ready, encoder, reply_decoder
+from .shells import DEFAULT_SHELLS, SHELLS, ShellMaker, ShellPool
 from .task_scope import TaskScope, run_to_end
 from .warm_pool import WarmPool
 
@@ -68,6 +69,7 @@ class RunResources:
     warm_budget_bytes: int | None = None  # the run's charge the pool never takes beyond (None: half of what is free)
     ksm: KsmHold | None = None  # the run's hold on ksmd's tuning, taken by the first workspace that opts into KSM
     one_step_clones: bool = True  # ``HostConfig.one_step_clones``
+    shells: int = DEFAULT_SHELLS  # prepared shells kept ready (``shells.py``); 0: every fork makes its own
 
 
 class Hosts:
@@ -85,6 +87,12 @@ class Hosts:
         self._counter = 0
         self.pool = WarmPool(self._start_slot, run.cgroup.memory_charge, self.tasks, size=run.warm_pool,
                              budget_bytes=run.warm_budget_bytes)
+        maker = ShellMaker(new_id=self.new_id, new_cgroup=self.new_cgroup, nursery=run.nursery,
+                           cgroup_fds=run.cgroup_fds, faults=run.faults)
+        self.shells = ShellPool(maker, run.cgroup.memory_charge, self.tasks, size=run.shells,
+                                budget_bytes=self.pool.budget_bytes)
+        if self.backend.takes_shells:  # from the run's start: its first forks take shells too (each is a few ms)
+            self.shells.want(SHELLS)
         self.images = ImageFiles(run.layers)  # durable images of workspaces (``Workspace.image``)
 
     # -- naming and remains ---------------------------------------------------------------------------------------
@@ -200,9 +208,11 @@ class Hosts:
 
     def prepare(self, app: AppSpec) -> None:
         """Have the warm pool fill the slots the live clones of ``app`` will take (nothing for an app without
-        slots, or a backend whose clones take none)."""
+        slots, or a backend whose clones take none), and the shell pool its shells (for a backend that takes them)."""
         if app.warm is not None and self.backend.takes_warm_slots:
             self.pool.want(app.warm)
+        if self.backend.takes_shells:
+            self.shells.want(SHELLS)
 
     async def _start_slot(self, spec: AppSpec) -> HostWorkspace:
         """A warm-pool slot: a new workspace of ``spec`` on a layer of its own, registered nowhere."""
@@ -278,10 +288,11 @@ class Hosts:
         await self.backend.forget(ws)
 
     async def aclose(self) -> None:
-        """Once every workspace is closed: close the warm pool's slots, wait until every task of the run (discards
+        """Once every workspace is closed: close the warm pool's slots and the shells nobody took, wait until every task of the run (discards
         still running above all) has finished, then close the scope (their failures are theirs: reported to their
         callers)."""
         await self.pool.aclose()
+        await self.shells.aclose()
         await self.tasks.join()
         await self.tasks.aclose()
 

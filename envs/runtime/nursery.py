@@ -1,8 +1,9 @@
 """The nursery: one small process per run that spawns first hosts and reaps every workspace process.
 
 Owns: being the run's child subreaper (a clone is orphaned by the fork's double fork and lands here, and so does
-every worker's clone), spawning hosts with the descriptors the engine passes it, reaping whatever exits and
-telling the engine each exit's wait status. Why a process of its own: a subreaper adopts every orphan below it,
+every worker's clone), spawning hosts with the descriptors the engine passes it, forking prepared shells' holders
+(``shells.py``: a fork of this small process, no exec), reaping whatever exits and telling the engine each exit's
+wait status. Why a process of its own: a subreaper adopts every orphan below it,
 and the engine often lives inside a trainer whose own grandchildren must not be adopted by us (nor we by them).
 Must never: outlive the engine (parent-death signal), let a child of ours stay a zombie, or leave a process
 running that it spawned for a caller who was cancelled meanwhile.
@@ -16,7 +17,9 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import ctypes
 import os
+import select
 import selectors
 import signal
 import socket
@@ -25,12 +28,14 @@ import sys
 from collections.abc import Iterator
 
 from ..errors import EnvsError
-from . import rootfs, syscalls
+from . import await_points, namespaces, rootfs, syscalls
 from .cgroups import join_by_fds
 from .channel import ChannelClosed, async_recv_frame, async_send_frame, recv_frame, send_frame
+from .faults import fault
 from .protocol import (
     NurseryExited,
     NurseryFailed,
+    NurseryShell,
     NurserySpawn,
     NurserySpawned,
     RootSpec,
@@ -67,14 +72,18 @@ def serve(control: socket.socket) -> None:
                 return
             try:
                 request = nursery_decoder.decode(body)
-                if not isinstance(request, NurserySpawn):
-                    raise NurseryError(f"the nursery takes spawn requests, got {type(request).__name__}")
-                proc = _spawn(request, fds)
+                if isinstance(request, NurserySpawn):
+                    proc = _spawn(request, fds)
+                    popen[proc.pid] = proc
+                    pid = proc.pid
+                elif isinstance(request, NurseryShell):
+                    pid = _make_shell(request, fds)
+                else:
+                    raise NurseryError(f"the nursery takes spawn and shell requests, got {type(request).__name__}")
             except Exception as exc:
                 send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
             else:
-                popen[proc.pid] = proc
-                send_frame(control, encoder.encode(NurserySpawned(pid=proc.pid, fds=fds)))
+                send_frame(control, encoder.encode(NurserySpawned(pid=pid, fds=fds)))
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -130,6 +139,49 @@ def _assemble_root(root: RootSpec) -> None:
     rootfs.assemble(target=root.target, lower=root.lower, layer=root.layer, frozen=False,
                     image_binds=root.image_binds, runtime_binds=root.runtime_binds)
     os.chdir(cwd)
+
+
+HOLDER_NAME = b"bunshin-shell"
+_HOLDER_NAME = ctypes.create_string_buffer(HOLDER_NAME)
+
+
+def _make_shell(request: NurseryShell, hierarchies: list[int]) -> int:
+    """Fork a prepared shell's holder: in group ``request.cgroup_rel`` below ``hierarchies``, with the namespaces
+    ``namespaces.make_shell_namespaces`` makes; its pid once it says they are made. A holder that fails, or is not
+    ready within the request's timeout, is killed and reaped here, and the error names what it said."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the holder: never returns into the nursery's loop
+        try:
+            os.close(ready_r)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+            syscalls.prctl(syscalls.PR_SET_NAME, ctypes.addressof(_HOLDER_NAME))  # ps tells it from the nursery
+            os.setsid()
+            fault(request.faults, "shell.holder")
+            join_by_fds(hierarchies, request.cgroup_rel)
+            namespaces.make_shell_namespaces(request.hostname)
+            os.write(ready_w, b"R")
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+            os._exit(70)
+        os.closerange(3, 1 << 20)  # the nursery's control socket above all (close_range: one system call)
+        while True:
+            signal.pause()  # until the engine kills it, or the nursery dies (parent-death signal)
+    os.close(ready_w)
+    try:
+        said = os.read(ready_r, 4096) if select.select([ready_r], [], [], request.ready_timeout_s)[0] else b""
+    finally:
+        os.close(ready_r)
+    if said != b"R":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)  # reaped here: the engine never learned its pid
+        reason = said.decode(errors="replace") or f"not ready within {request.ready_timeout_s} s"
+        raise NurseryError(f"a prepared shell's holder failed: {reason}")
+    return pid
 
 
 def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
@@ -257,12 +309,23 @@ class Nursery:
                                            fds)
         return spawned.pid
 
+    async def shell(self, cgroup_rel: str, cgroup_fds: list[int], hostname: str, *, faults: list[str] | None = None,
+                    ready_timeout_s: float = 10.0) -> int:
+        """Fork a prepared shell's holder (``NurseryShell``) in group ``cgroup_rel`` below the hierarchies
+        ``cgroup_fds``; its pid. A cancelled caller leaves nothing behind, as with ``spawn``."""
+        request = NurseryShell(cgroup_rel=cgroup_rel, hostname=hostname, faults=faults or [],
+                               ready_timeout_s=ready_timeout_s)
+        return (await self._request(encoder.encode(request), cgroup_fds)).pid
+
     async def spawn_request(self, request: NurserySpawn, fds: list[int]) -> NurserySpawned:
         """``spawn`` with every option of ``NurserySpawn`` (its standard streams, environment, a root made for it);
         the reply names the numbers ``fds`` got in the process."""
+        return await self._request(encoder.encode(request), fds)
+
+    async def _request(self, payload: bytes, fds: list[int]) -> NurserySpawned:
         if self._sock is None:
             raise NurseryError("the nursery is not running")
-        reply = await run_to_end(self._spawn_exchange(encoder.encode(request), fds), undo=self._unspawn)
+        reply = await run_to_end(self._spawn_exchange(payload, fds), undo=self._unspawn)
         if isinstance(reply, NurseryFailed):
             raise NurseryError(reply.message)
         return reply
@@ -282,6 +345,7 @@ class Nursery:
             if self._read_ended:
                 raise NurseryError("the nursery's channel is closed")
             await async_send_frame(self._control(), payload, fds)
+            await await_points.reached("nursery.request.sent")
             return await self._replies.get()
 
     def exited(self, pid: int) -> bool:

@@ -75,10 +75,12 @@ class CloneSpec(msgspec.Struct, frozen=True, kw_only=True):
     cgroup_rel: str  # the clone's own new cgroup, or the slot's it borrows
     frozen: bool = False  # a snapshot: read-only root, does not run tools, can be forked again
     borrow: Borrow | None = None
+    shell: bool = False  # a prepared shell (``shells.py``): the fork's second descriptor is a pidfd of its holder
 
 
 class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):
-    """Fork the workspace live. Carries one file descriptor: the clone's end of its new socket."""
+    """Fork the workspace live. Carries the clone's end of its new socket, then with ``clone.shell`` a pidfd of the
+    prepared shell's holder, whose namespaces the clone enters."""
 
     clone: CloneSpec
 
@@ -196,6 +198,17 @@ class RootSpec(msgspec.Struct, frozen=True, kw_only=True):
     runtime_binds: list[str]
 
 
+class NurseryShell(msgspec.Struct, frozen=True, kw_only=True, tag="shell"):
+    """Make a prepared shell's holder (``shells.py``): a child of the nursery in group ``cgroup_rel`` below each of
+    the frame's descriptors (cgroup hierarchy directories) with fresh network, UTS and IPC namespaces, named
+    ``hostname``, loopback up, that waits to be killed. The reply is ``NurserySpawned`` once it is all made."""
+
+    cgroup_rel: str
+    hostname: str
+    ready_timeout_s: float = 10.0
+    faults: list[str] = []  # fault points of the holder (``faults.py``): ``shell.holder``
+
+
 class NurserySpawned(msgspec.Struct, frozen=True, kw_only=True, tag="spawned"):
     pid: int
     fds: list[int] = []  # the numbers the frame's descriptors have in the spawned process
@@ -261,6 +274,6 @@ encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(Request)
 config_decoder = msgspec.msgpack.Decoder(HostConfig)
 reply_decoder = msgspec.msgpack.Decoder(Reply)
-nursery_decoder = msgspec.msgpack.Decoder(NurserySpawn | NurserySpawned | NurseryFailed | NurseryExited)
+nursery_decoder = msgspec.msgpack.Decoder(NurserySpawn | NurseryShell | NurserySpawned | NurseryFailed | NurseryExited)
 worker_message_decoder = msgspec.msgpack.Decoder(WorkerMessage)
 worker_reply_decoder = msgspec.msgpack.Decoder(WorkerReply)

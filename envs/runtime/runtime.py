@@ -34,6 +34,7 @@ from .ksm import KsmHold, KsmTuning
 from .layers import LayerStore
 from .memory import RunMemory, processes_memory, run_memory
 from .nursery import Nursery
+from .shells import DEFAULT_SHELLS
 from .task_scope import run_to_end
 from .warm_pool import DEFAULT_SIZE, PoolStats
 
@@ -49,7 +50,7 @@ class WorkspaceRuntime:
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
                  warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
                  image_store: ImageStore | None = None, fast_cgroup_moves: bool = True,
-                 one_step_clones: bool = True):
+                 one_step_clones: bool = True, prepared_shells: int = DEFAULT_SHELLS):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
@@ -60,7 +61,8 @@ class WorkspaceRuntime:
         ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
         ``fast_cgroup_moves``: put the kernel in its favordynmods mode for the run (``fast_moves.py``; False: leave
         the kernel's mode as it is). ``one_step_clones``: a live clone is forked in one step where it can be
-        (``fork/sibling.py``; False: the double fork, for comparison)."""
+        (``fork/sibling.py``; False: the double fork, for comparison). ``prepared_shells``: live clones' cgroups
+        and namespaces kept ready within the warm pool's budget (``shells.py``; 0: every fork makes its own)."""
         self.backend_name = check_backend(backend)
         self.image_source = Path(image) if image else None
         self.image_store = image_store
@@ -75,6 +77,9 @@ class WorkspaceRuntime:
         self.ksm_tuning = ksm
         self.fast_cgroup_moves = fast_cgroup_moves
         self.one_step_clones = one_step_clones
+        if prepared_shells < 0:
+            raise ValueError(f"prepared_shells is a count of shells, got {prepared_shells}")
+        self.prepared_shells = prepared_shells
         self.run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.run_dir = self.state_dir / "runs" / self.run_id
         self.hosts: Hosts | None = None
@@ -88,6 +93,10 @@ class WorkspaceRuntime:
     def warm_pool_stats(self) -> PoolStats:
         """The warm pool's counts so far (hits, misses, slots started...; all zero before ``start``)."""
         return self.hosts.pool.stats if self.hosts is not None else PoolStats()
+
+    def shell_stats(self) -> PoolStats:
+        """The prepared shells' counts so far (``shells.py``; all zero before ``start``)."""
+        return self.hosts.shells.stats if self.hosts is not None else PoolStats()
 
     # -- run lifecycle -----------------------------------------------------------------------------------------
     async def __aenter__(self) -> WorkspaceRuntime:
@@ -130,7 +139,7 @@ class WorkspaceRuntime:
                                layers=self.layers, images=self.images, runtime_binds=runtime_paths(),
                                pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
                                warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm,
-                               one_step_clones=self.one_step_clones)
+                               one_step_clones=self.one_step_clones, shells=self.prepared_shells)
             self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()

@@ -34,6 +34,7 @@ MNT_DETACH = 2
 
 # prctl options
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15  # the calling thread's name (``comm``, 15 bytes)
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_MEMORY_MERGE = 67  # KSM may merge every anonymous page of the process (Linux 6.4), inherited

@@ -25,6 +25,8 @@ class ForkBackend(Protocol):
     shares_memory: bool
     # whether its hosts are tree-fork hosts (``HostConfig.tree``): pid 1 of a PID namespace each, read from outside
     tree_hosts: bool
+    # whether its clones take prepared shells (``shells.py``): the run keeps them ready only for a backend that does
+    takes_shells: bool
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         """A clone of ``source`` (a HostSnapshot when ``frozen``), registered with the run's hosts."""
@@ -42,6 +44,7 @@ class AllOrNothingFork:
     takes_warm_slots = False
     shares_memory = False
     tree_hosts = False
+    takes_shells = False
 
     async def fork(self, source: HostWorkspace, *, seed: int | None, frozen: bool) -> HostWorkspace:
         return await run_to_end(self._fork(source, seed=seed, frozen=frozen), undo=lambda clone: clone.close())

@@ -1,7 +1,8 @@
 """The live fork, clone side (in the freshly forked clone of a host): the clone becomes a workspace of its own.
 
 Steps: take its own engine socket (the source's is closed); a session of its own; die with the run's nursery;
-join its cgroup; fresh mount, network, UTS and IPC namespaces; mount its root on the snapshot of the source's
+join its cgroup; fresh mount, network, UTS and IPC namespaces (with a prepared shell, ``shells.py``: a fresh
+mount namespace, and the shell's other three entered through its holder's pidfd); mount its root on the snapshot of the source's
 layer and pivot into it; forget the source's agent namespace; hand each worker's clone a pidfd of ours so it
 enters our namespaces (``worker.py``); then, for a running clone, bring up loopback, reseed, re-open files,
 re-create listening sockets and run the app's ``after_fork``; a snapshot instead lets go of the source's files and
@@ -20,6 +21,7 @@ from ...seeds import derive_seed
 from .. import image, namespaces, rootfs, syscalls
 from ..cgroups import join_by_fds
 from ..protocol import CloneSpec, Ready
+from ..shells import end_holder
 from .state import ForkState
 from .worker import die_with
 
@@ -41,7 +43,8 @@ class BecameClone(Exception):
     """Raised in a freshly forked clone to unwind the source's request handler back to the serve loop."""
 
 
-def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+def become(state: ForkState, spec: CloneSpec, clone_fd: int, shell_fd: int | None,
+           worker_ends: list[socket.socket]) -> None:
     started = time.monotonic()
     steps = Steps(started)
     state.sock.close()  # the source's channel; the clone answers on its own
@@ -53,7 +56,14 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     steps.mark("cgroup")
     state.fault("clone.after_cgroup")
     borrowed = None
-    if spec.borrow is None:
+    if shell_fd is not None:  # a prepared shell: its network (loopback up), UTS and IPC namespaces, made ahead
+        try:
+            namespaces.enter_new_workspace_namespaces(spec.hostname, shell=shell_fd)
+            state.fault("clone.after_attach")
+            end_holder(shell_fd)  # the namespaces are ours now; the cgroup too, once it has exited
+        finally:
+            os.close(shell_fd)
+    elif spec.borrow is None:
         namespaces.enter_new_workspace_namespaces(spec.hostname)
     else:  # a warm-pool slot: its network namespace (its browser is in it) and the descriptors its app lent
         slot = os.pidfd_open(spec.borrow.pid)
@@ -92,8 +102,9 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[s
     if spec.frozen:
         state.ctx.suspend_after_fork()
     else:
-        namespaces.loopback_up()
-        steps.mark("loopback")
+        if shell_fd is None:  # a shell's loopback is up already
+            namespaces.loopback_up()
+            steps.mark("loopback")
         state.ctx.reseed(spec.seed)
         state.ctx.rebind_after_fork()
         steps.mark("reopen")

@@ -29,12 +29,14 @@ from .state import ForkState
 
 
 def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
-    """Fork the workspace of ``state`` live into ``spec``; ``fds`` carries the clone's end of its engine socket."""
-    if len(fds) != 1:
+    """Fork the workspace of ``state`` live into ``spec``; ``fds`` carries the clone's end of its engine socket, then
+    for a clone in a prepared shell a pidfd of the shell's holder (``shells.py``)."""
+    wanted = 2 if spec.shell else 1
+    if len(fds) != wanted:
         for fd in fds:
             os.close(fd)
-        return Failed(kind="bad_request", message=f"fork needs exactly one descriptor, got {len(fds)}")
-    clone_fd = fds[0]
+        return Failed(kind="bad_request", message=f"fork needs exactly {wanted} descriptors, got {len(fds)}")
+    clone_fd, shell_fd = fds[0], (fds[1] if spec.shell else None)
     started, cpu_started, children_before = time.monotonic_ns(), time.thread_time_ns(), _children_cpu_ns()
     worker_ends: list[socket.socket] = []
     agents_frozen = gc_frozen = False
@@ -60,6 +62,8 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
         forking = fork_to_reaper(state.config.reaper_pid, one_step=state.config.one_step_clones)
     except BaseException:
         os.close(clone_fd)
+        if shell_fd is not None:
+            os.close(shell_fd)
         for end in worker_ends:
             end.close()  # a worker clone still waiting sees EOF and exits
         if gc_frozen:
@@ -68,9 +72,11 @@ def fork(state: ForkState, spec: CloneSpec, fds: list[int]) -> Reply:
             state.agents.thaw()
         raise
     if forking.pid == 0:
-        in_clone(state, spec, clone_fd, worker_ends)  # returns only in the clone, once it is ready
+        in_clone(state, spec, clone_fd, shell_fd, worker_ends)  # returns only in the clone, once it is ready
         raise clone.BecameClone
     os.close(clone_fd)
+    if shell_fd is not None:
+        os.close(shell_fd)
     for end in worker_ends:
         end.close()
     if agents_frozen:
@@ -91,10 +97,11 @@ def _children_cpu_ns() -> int:
     return round((usage.ru_utime + usage.ru_stime) * 1e9)
 
 
-def in_clone(state: ForkState, spec: CloneSpec, clone_fd: int, worker_ends: list[socket.socket]) -> None:
+def in_clone(state: ForkState, spec: CloneSpec, clone_fd: int, shell_fd: int | None,
+             worker_ends: list[socket.socket]) -> None:
     """The clone becomes a workspace of its own (``clone.py``); a failure is told on its engine socket and ends it."""
     try:
-        clone.become(state, spec, clone_fd, worker_ends)
+        clone.become(state, spec, clone_fd, shell_fd, worker_ends)
     except BaseException as exc:
         try:
             send_frame(socket.socket(fileno=clone_fd),

@@ -9,22 +9,16 @@ Must never: import ``host.py`` (the host depends on the fork steps, never the ot
 
 from __future__ import annotations
 
-import os
 import socket
-import time
 from dataclasses import dataclass
 
 from ...app import AppContext, WorkspaceApp
-from ...errors import EnvsError
 from ..agents import Agents
 from ..app_processes import AppProcesses
 from ..channel import send_frame
+from ..faults import fault
 from ..protocol import HostConfig, Reply, encoder
 from ..workers import WorkerHandle
-
-
-class InjectedFault(EnvsError):
-    """A test made a named step fail (``HostConfig.faults``)."""
 
 
 @dataclass(eq=False)
@@ -48,15 +42,8 @@ class ForkState:
     restoring: tuple[str, int] | None = None
 
     def fault(self, name: str) -> None:
-        """A named step tests can break: ``name`` raises, ``name:exit`` exits, ``name:hang`` never returns."""
-        faults = self.config.faults
-        if name in faults:
-            raise InjectedFault(f"injected fault at {name}")
-        if f"{name}:exit" in faults:
-            os._exit(66)
-        if f"{name}:hang" in faults:
-            while True:
-                time.sleep(3600)
+        """A named step tests can break (``faults.py``)."""
+        fault(self.config.faults, name)
 
     def reply(self, message: Reply) -> None:
         send_frame(self.sock, encoder.encode(message))
