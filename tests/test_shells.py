@@ -85,7 +85,7 @@ async def test_a_shell_whose_holder_fails_leaves_nothing_and_forks_go_on_without
     rt: WorkspaceRuntime = await make_runtime(faults=[fault], prepared_shells=2)
     source = await rt.create(heap_app())
     assert await until(lambda: rt.shell_stats().failed >= 1, 30), rt.shell_stats()
-    assert await until(lambda: rt.hosts.shells.ready(SHELLS) == [] and not rt.hosts.shells.groups(), 10)
+    assert await until(lambda: rt.hosts.shells.ready(SHELLS) == [] and not rt.hosts.shells.maker.making, 10)
     assert workspace_groups(rt) == [f"ws-{source.id}"]
     assert sorted(rt.cgroup.procs()) == [source.pid]  # no holder lives on, hung or not
     clone = await source.fork()  # a miss: the fork makes its own cgroup and namespaces

@@ -87,7 +87,7 @@ class Hosts:
         self._counter = 0
         self.pool = WarmPool(self._start_slot, run.cgroup.memory_charge, self.tasks, size=run.warm_pool,
                              budget_bytes=run.warm_budget_bytes)
-        maker = ShellMaker(new_id=self.new_id, new_cgroup=self.new_cgroup, nursery=run.nursery,
+        maker = ShellMaker(new_id=self.new_id, new_cgroup=self.new_cgroup, run_cgroup=run.cgroup, nursery=run.nursery,
                            cgroup_fds=run.cgroup_fds, faults=run.faults)
         self.shells = ShellPool(maker, run.cgroup.memory_charge, self.tasks, size=run.shells,
                                 budget_bytes=self.pool.budget_bytes)

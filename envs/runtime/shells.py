@@ -2,14 +2,13 @@
 them, so the fork itself only snapshots, clones and attaches (issue 28, item 2).
 
 Owns: what a shell is, making one (``ShellMaker.make``: the cgroup as a workspace's is made, with its agents'
-subgroup and the run's limits, then a holder the nursery forks into it that makes the namespaces and sleeps,
-``NurseryShell``), unmaking one (``remove``: the cgroup with its holder), ending a holder once its clone is in
-(``release``), and the pool of them (``ShellPool``: a ``ReadyPool`` with one shelf, ``ready_pool.py``). The clone
+subgroup and the run's limits, empty; and a holder the nursery forks, in a group of the run's for holders, that
+makes the namespaces and sleeps, ``NurseryShell``), unmaking one (``remove``: the holder ended, the cgroup
+removed), ending a holder once its clone is in (``release``), and the pool of them (``ShellPool``: a ``ReadyPool`` with one shelf, ``ready_pool.py``). The clone
 takes the shell's id as its own (its cgroup ``ws-<id>``, its hostname), joins the cgroup and enters the namespaces
 through a pidfd of the holder the engine opened when the holder said it was ready, and sends with the fork (a pid
-could be reused; a pidfd names that process or none), then kills the holder and waits for its exit
-(``end_holder``): the namespaces live on in the clone, whose cgroup is its own alone when it is ready; the engine
-collects the holder's exit off the fork's path (``release``). Warm-pool slots bring a cgroup and a network of their own and take no shell; other
+could be reused; a pidfd names that process or none). Once the clone is ready the engine ends the holder, off the
+fork's path: the namespaces live on in the clone. Warm-pool slots bring a cgroup and a network of their own and take no shell; other
 backends make their clones their own way.
 Must never: leave a shell's cgroup or holder behind on any path (a failed or cancelled make, a failed fork, the
 run's end), or hand out a shell whose holder is gone.
@@ -33,6 +32,7 @@ from .task_scope import TaskScope, run_to_end
 
 DEFAULT_SHELLS = 2  # a group's forks come a few at once; the pool refills while they run
 SHELLS = "shells"  # the pool's one key
+HOLDERS = "shell-holders"  # the group below the run's where every holder lives
 HOLDER_READY_TIMEOUT_S = 30.0  # a holder is a fork of a small process: it is ready at once, unless the machine is swamped
 HOLDER_EXIT_TIMEOUT_S = 10.0
 
@@ -51,24 +51,17 @@ class Shell:
         return not select.select([self.holder_fd], [], [], 0)[0]
 
 
-def end_holder(holder_fd: int, timeout_s: float = HOLDER_EXIT_TIMEOUT_S) -> None:
-    """In the clone, once it has entered the shell's namespaces: kill the holder and wait until it has exited (a
-    pidfd reads as ready then, the holder already out of the cgroup), so the clone's cgroup is the clone's alone
-    by the time it says it is ready."""
-    signal.pidfd_send_signal(holder_fd, signal.SIGKILL)
-    if not select.select([holder_fd], [], [], timeout_s)[0]:
-        raise TimeoutError(f"a prepared shell's holder did not exit within {timeout_s} s of its SIGKILL")
-
-
 class ShellMaker:
     """Makes and unmakes shells with what a run has: its ids, cgroups and nursery (given, not imported: ``Hosts``
-    owns them)."""
+    owns them). Every holder lives in one group below the run's, ``HOLDERS``: never in its shell's, so a clone's
+    cgroup holds the clone's processes alone from the start, and the holder can be ended after the clone is ready."""
 
-    def __init__(self, *, new_id: Callable[[], str], new_cgroup: Callable[[str], Cgroup], nursery: Nursery,
-                 cgroup_fds: list[int], faults: list[str]):
+    def __init__(self, *, new_id: Callable[[], str], new_cgroup: Callable[[str], Cgroup], run_cgroup: Cgroup,
+                 nursery: Nursery, cgroup_fds: list[int], faults: list[str]):
         self.new_id, self.new_cgroup, self.nursery = new_id, new_cgroup, nursery
-        self.cgroup_fds, self.faults = cgroup_fds, faults
+        self.run_cgroup, self.cgroup_fds, self.faults = run_cgroup, cgroup_fds, faults
         self.making: set[str] = set()  # the cgroup names of shells being made
+        self._holders_made = False
 
     async def make(self, _key: str = SHELLS) -> Shell:
         """A new shell; a failure or a cancellation leaves nothing of it."""
@@ -81,12 +74,15 @@ class ShellMaker:
             self.making.discard(name)
 
     async def _make(self, shell_id: str, name: str) -> Shell:
+        if not self._holders_made:  # removed with the run's cgroup
+            await run_to_end(asyncio.to_thread(self.run_cgroup.child(HOLDERS).create))
+            self._holders_made = True
         group = await run_to_end(asyncio.to_thread(self.new_cgroup, shell_id),
                                  undo=lambda made: asyncio.to_thread(made.remove))
         pid = None
         try:
             await await_points.reached("shell.make")
-            pid = await self.nursery.shell(name, self.cgroup_fds, name, faults=self.faults,
+            pid = await self.nursery.shell(HOLDERS, self.cgroup_fds, name, faults=self.faults,
                                            ready_timeout_s=HOLDER_READY_TIMEOUT_S)
             return Shell(id=shell_id, cgroup=group, holder_pid=pid, holder_fd=os.pidfd_open(pid))
         except BaseException:
@@ -94,24 +90,32 @@ class ShellMaker:
             raise
 
     async def remove(self, shell: Shell) -> None:
-        """A shell nobody took, or whose fork failed: its cgroup goes, its holder with it (finishes under
-        cancellation)."""
+        """A shell nobody took, or whose fork failed: its holder is ended, its cgroup removed (with anything a
+        failed clone left in it; finishes under cancellation)."""
         await asyncio.shield(self._unmake(shell.cgroup, shell.holder_pid, shell.holder_fd))
 
     async def release(self, shell: Shell) -> None:
-        """Once the shell's clone is in (it ended the holder itself, ``end_holder``): the holder's exit is
-        collected (a task of the run, off the fork's path)."""
-        with contextlib.suppress(ProcessLookupError):  # in case the clone did not get that far
-            signal.pidfd_send_signal(shell.holder_fd, signal.SIGKILL)
-        await self._forget_holder(shell.holder_pid, shell.holder_fd)
+        """Once the shell's clone is in its namespaces (it said Ready): the holder is ended, off the fork's path (a
+        task of the run); the namespaces live on in the clone, the cgroup is the clone's."""
+        await self._end_holder(shell.holder_pid, shell.holder_fd)
 
     async def _unmake(self, group: Cgroup, pid: int | None, pidfd: int | None = None) -> None:
-        await asyncio.to_thread(group.remove)  # kills what is in it: the holder
-        if pid is not None:
-            await self._forget_holder(pid, pidfd)
-
-    async def _forget_holder(self, pid: int, pidfd: int | None) -> None:
         try:
+            if pid is not None:
+                await self._end_holder(pid, pidfd)
+        finally:
+            await asyncio.to_thread(group.remove)
+
+    async def _end_holder(self, pid: int, pidfd: int | None) -> None:
+        """SIGKILL through the pidfd (a pid could name another process once the holder is reaped), then wait for
+        the nursery to reap it."""
+        try:
+            if pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            elif not self.nursery.exited(pid):  # not reaped yet: the pid is still the holder's
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             await self.nursery.wait_exit(pid, HOLDER_EXIT_TIMEOUT_S)
             self.nursery.forget(pid)
         finally:
@@ -131,5 +135,6 @@ class ShellPool(ReadyPool[str, Shell]):
         self.maker = maker
 
     def groups(self) -> set[str]:
-        """The cgroup names (below the run's) of the shells ready or being made: not workspaces yet."""
-        return {f"ws-{shell.id}" for shell in self.ready(SHELLS)} | self.maker.making
+        """The cgroup names (below the run's) of the shells ready or being made, and of their holders' group: not
+        workspaces."""
+        return {f"ws-{shell.id}" for shell in self.ready(SHELLS)} | self.maker.making | {HOLDERS}

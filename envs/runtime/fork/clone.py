@@ -21,7 +21,6 @@ from ...seeds import derive_seed
 from .. import image, namespaces, rootfs, syscalls
 from ..cgroups import join_by_fds
 from ..protocol import CloneSpec, Ready
-from ..shells import end_holder
 from .state import ForkState
 from .worker import die_with
 
@@ -59,10 +58,9 @@ def become(state: ForkState, spec: CloneSpec, clone_fd: int, shell_fd: int | Non
     if shell_fd is not None:  # a prepared shell: its network (loopback up), UTS and IPC namespaces, made ahead
         try:
             namespaces.enter_new_workspace_namespaces(spec.hostname, shell=shell_fd)
-            state.fault("clone.after_attach")
-            end_holder(shell_fd)  # the namespaces are ours now; the cgroup too, once it has exited
         finally:
             os.close(shell_fd)
+        state.fault("clone.after_attach")
     elif spec.borrow is None:
         namespaces.enter_new_workspace_namespaces(spec.hostname)
     else:  # a warm-pool slot: its network namespace (its browser is in it) and the descriptors its app lent

@@ -111,7 +111,7 @@ class CowFork(AllOrNothingFork):
             if isinstance(exc, RequestRefused | WorkspaceStartFailed):
                 raise ForkFailed(source.id, f"fork to {clone_id} failed: {exc.detail}") from exc
             raise
-        if shell is not None:  # the clone is in its namespaces: the holder goes (not on the fork's path)
+        if shell is not None:  # the clone is in its namespaces: the holder goes, off the fork's path
             hosts.tasks.start_soon(hosts.shells.maker.release(shell), name=f"release shell {shell.id}")
         await hosts.admit(clone)
         return clone
