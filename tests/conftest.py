@@ -23,6 +23,7 @@ from bunshin.envs.runtime.host_workspace import HostWorkspace
 from bunshin.envs.runtime.layers import DUMPS
 from bunshin.envs.runtime.nursery import HOLDER_NAME
 from bunshin.envs.runtime.protocol import Ping, Pong
+from bunshin.envs.runtime.shells import HOLDERS
 from tests.quiet import settled  # absolute: tests/test_watchdog.py runs a copy of this file
 
 HEAP_APP = "bunshin.envs.runtime.heap_app:HeapApp"
@@ -168,12 +169,13 @@ def workspace_groups(rt: WorkspaceRuntime) -> list[str]:
 
 
 def workspace_procs(rt: WorkspaceRuntime) -> list[int]:
-    """The run's processes, sorted, but the prepared shells' holders (ready or being made)."""
+    """The run's processes, sorted, but the holders the prepared shells account for (``ShellPool.holders``: the
+    ready shells', those being ended; every holder while a shell is being made, its pid unknown yet). A holder
+    nobody accounts for (a taken shell's, never ended) is listed: a leak."""
     if rt.hosts is None:
         return sorted(rt.cgroup.procs())
-    held: set[int] = set()
-    for name in rt.hosts.shells.groups():
-        held.update(rt.cgroup.child(name).procs())
+    known = rt.hosts.shells.holders()
+    held = set(rt.cgroup.child(HOLDERS).procs()) if known is None else known
     return sorted(p for p in rt.cgroup.procs() if p not in held)
 
 

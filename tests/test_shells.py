@@ -28,6 +28,11 @@ async def shells_ready(rt: WorkspaceRuntime, count: int) -> bool:
     return await until(lambda: len(rt.hosts.shells.ready(SHELLS)) >= count, 30)
 
 
+def engine_fds() -> int:
+    """The engine's open descriptors (a pidfd of a holder never closed would show here)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
 def net_ns(pid: int) -> int:
     return os.stat(f"/proc/{pid}/ns/net").st_ino
 
@@ -36,6 +41,7 @@ async def test_a_clone_in_a_shell_is_a_workspace_of_its_own_and_the_pool_refills
     rt: WorkspaceRuntime = await make_runtime(prepared_shells=2)
     source = await rt.create(heap_app())
     assert await shells_ready(rt, 2), rt.shell_stats()
+    fds = engine_fds()
     shells = rt.hosts.shells.ready(SHELLS)
     holders = {s.holder_pid for s in shells}
     one, two = await source.fork(), await source.fork()
@@ -47,7 +53,7 @@ async def test_a_clone_in_a_shell_is_a_workspace_of_its_own_and_the_pool_refills
         assert await out(clone, "python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 8080)); "
                                 "s.listen(); socket.create_connection(('127.0.0.1', 8080)); print('lo up')\"") == "lo up"
         procs = set(clone.cgroup.procs())
-        assert clone.pid in procs and not procs & holders  # the holder was gone before the clone said Ready
+        assert clone.pid in procs and not procs & holders  # holders live in the run's holders' group, never here
     assert len({net_ns(source.pid), net_ns(one.pid), net_ns(two.pid)}) == 3
     assert not [pid for pid in holders if os.path.exists(f"/proc/{pid}")] or await until(
         lambda: not [pid for pid in holders if os.path.exists(f"/proc/{pid}")], 10)
@@ -64,7 +70,9 @@ async def test_a_clone_in_a_shell_is_a_workspace_of_its_own_and_the_pool_refills
     assert from_snapshot.last_fork.shell and await out(from_snapshot, "hostname") == f"ws-{from_snapshot.id}"
     for ws in (one, two, grandchild, from_snapshot, snapshot):
         await ws.close()
-    assert workspace_groups(rt) == [f"ws-{source.id}"] and workspace_procs(rt) == [source.pid]
+    assert workspace_groups(rt) == [f"ws-{source.id}"]
+    assert await until(lambda: workspace_procs(rt) == [source.pid], 10), workspace_procs(rt)  # holders ended
+    assert await shells_ready(rt, 2) and await until(lambda: engine_fds() == fds, 10), (fds, engine_fds())
 
 
 async def test_without_shells_every_fork_makes_its_own(make_runtime) -> None:
@@ -145,7 +153,10 @@ async def test_unused_shells_go_with_the_run(make_runtime) -> None:
     rt: WorkspaceRuntime = await make_runtime(prepared_shells=3)
     await rt.create(heap_app())
     assert await shells_ready(rt, 3), rt.shell_stats()
-    holders = [s.holder_pid for s in rt.hosts.shells.ready(SHELLS)]
-    await rt.close()
+    shells = rt.hosts.shells.ready(SHELLS)
+    fds = engine_fds()
+    await rt.hosts.shells.aclose()  # what the run's close does first, before the nursery and the run's cgroup go
     assert rt.shell_stats().unused == 3
-    assert not [pid for pid in holders if os.path.exists(f"/proc/{pid}")]
+    assert not [s.holder_pid for s in shells if os.path.exists(f"/proc/{s.holder_pid}")]  # reaped, not zombies
+    assert not [s.id for s in shells if rt.cgroup.child(f"ws-{s.id}").path("memory").exists()]
+    assert engine_fds() == fds - 3  # their pidfds closed

@@ -291,10 +291,14 @@ class Hosts:
         """Once every workspace is closed: close the warm pool's slots and the shells nobody took, wait until every task of the run (discards
         still running above all) has finished, then close the scope (their failures are theirs: reported to their
         callers)."""
-        await self.pool.aclose()
-        await self.shells.aclose()
-        await self.tasks.join()
-        await self.tasks.aclose()
+        try:
+            try:
+                await self.pool.aclose()
+            finally:
+                await self.shells.aclose()
+        finally:
+            await self.tasks.join()
+            await self.tasks.aclose()
 
     def kill_if_running(self, pid: int) -> None:
         """SIGKILL a host the nursery has not yet reported dead (a reported pid may already be someone else's)."""

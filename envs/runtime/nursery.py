@@ -19,13 +19,14 @@ import collections
 import contextlib
 import ctypes
 import os
-import select
 import selectors
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ..errors import EnvsError
 from . import await_points, namespaces, rootfs, syscalls
@@ -51,43 +52,62 @@ UNSPAWN_TIMEOUT_S = 10.0  # a process killed before it did anything exits at onc
 
 
 def serve(control: socket.socket) -> None:
-    """Spawn on request; report every exit. Returns when the engine closes the control socket."""
+    """Spawn on request; report every exit. Returns when the engine closes the control socket. A shell's holder is
+    answered for once it says it is ready (or fails, or overruns its timeout); meanwhile exits are still reported,
+    and no request is read (the engine sends one at a time, each awaiting its answer)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     popen: dict[int, subprocess.Popen[bytes]] = {}
+    holder: _Holder | None = None  # forked, not yet answered for
     sel = selectors.DefaultSelector()
     sel.register(control, selectors.EVENT_READ, "control")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     while True:
-        for key, _ in sel.select():
+        timeout = None if holder is None else max(0.0, holder.deadline - time.monotonic())
+        events = sel.select(timeout)
+        for key, _ in events:
             if key.data == "child":
                 os.read(wake_r, 4096)
-                _reap(control, popen)
-                continue
-            try:
-                body, fds = recv_frame(control)
-            except ChannelClosed:
-                return
-            try:
-                request = nursery_decoder.decode(body)
-                if isinstance(request, NurserySpawn):
-                    proc = _spawn(request, fds)
-                    popen[proc.pid] = proc
-                    pid = proc.pid
-                elif isinstance(request, NurseryShell):
-                    pid = _make_shell(request, fds)
-                else:
-                    raise NurseryError(f"the nursery takes spawn and shell requests, got {type(request).__name__}")
-            except Exception as exc:
-                send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
-            else:
-                send_frame(control, encoder.encode(NurserySpawned(pid=pid, fds=fds)))
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        _reap(control, popen)  # a SIGCHLD may have raced the select
+                _reap(control, popen, holder)
+            elif key.data == "holder" and holder is not None:
+                _answer_holder(control, sel, holder)
+                holder = None
+            elif key.data == "control":
+                try:
+                    body, fds = recv_frame(control)
+                except ChannelClosed:
+                    return
+                holder = _serve_request(control, sel, body, fds, popen)
+        if holder is not None and time.monotonic() >= holder.deadline:
+            _answer_holder(control, sel, holder)
+            holder = None
+        _reap(control, popen, holder)  # a SIGCHLD may have raced the select
+
+
+def _serve_request(control: socket.socket, sel: selectors.BaseSelector, body: bytes, fds: list[int],
+                   popen: dict[int, subprocess.Popen[bytes]]) -> _Holder | None:
+    """Answer one request, but a shell's: its holder is forked and answered for later (``_answer_holder``)."""
+    try:
+        request = nursery_decoder.decode(body)
+        if isinstance(request, NurserySpawn):
+            proc = _spawn(request, fds)
+            popen[proc.pid] = proc
+            send_frame(control, encoder.encode(NurserySpawned(pid=proc.pid, fds=fds)))
+        elif isinstance(request, NurseryShell):
+            holder = _fork_holder(request, fds)
+            sel.unregister(control)  # no request until this one is answered
+            sel.register(holder.ready_r, selectors.EVENT_READ, "holder")
+            return holder
+        else:
+            raise NurseryError(f"the nursery takes spawn and shell requests, got {type(request).__name__}")
+    except Exception as exc:
+        send_frame(control, encoder.encode(NurseryFailed(message=f"{type(exc).__name__}: {exc}")))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return None
 
 
 def _spawn(request: NurserySpawn, fds: list[int]) -> subprocess.Popen[bytes]:
@@ -145,46 +165,82 @@ HOLDER_NAME = b"bunshin-shell"
 _HOLDER_NAME = ctypes.create_string_buffer(HOLDER_NAME)
 
 
-def _make_shell(request: NurseryShell, hierarchies: list[int]) -> int:
+@dataclass
+class _Holder:
+    """A prepared shell's holder the nursery forked and has not answered for yet."""
+
+    pid: int
+    ready_r: int  # it writes b"R" here once its namespaces are made, or why it failed
+    deadline: float
+    timeout_s: float
+    reaped: bool = False  # it exited and was reaped already (its exit is not reported: the engine never had its pid)
+
+
+def _fork_holder(request: NurseryShell, hierarchies: list[int]) -> _Holder:
     """Fork a prepared shell's holder: in group ``request.cgroup_rel`` below ``hierarchies``, with the namespaces
-    ``namespaces.make_shell_namespaces`` makes; its pid once it says they are made. A holder that fails, or is not
-    ready within the request's timeout, is killed and reaped here, and the error names what it said."""
+    ``namespaces.make_shell_namespaces`` makes, named ``HOLDER_NAME``; it says on a pipe when it is ready."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the holder: never returns into the nursery's loop
+    if pid == 0:  # the holder: whatever happens, it never returns into the nursery's loop
         try:
             os.close(ready_r)
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
-            syscalls.prctl(syscalls.PR_SET_NAME, ctypes.addressof(_HOLDER_NAME))  # ps tells it from the nursery
-            os.setsid()
-            fault(request.faults, "shell.holder")
-            join_by_fds(hierarchies, request.cgroup_rel)
-            namespaces.make_shell_namespaces(request.hostname)
-            os.write(ready_w, b"R")
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+            _become_holder(request, hierarchies, ready_w)
+        finally:
             os._exit(70)
-        os.closerange(3, 1 << 20)  # the nursery's control socket above all (close_range: one system call)
-        while True:
-            signal.pause()  # until the engine kills it, or the nursery dies (parent-death signal)
     os.close(ready_w)
+    return _Holder(pid=pid, ready_r=ready_r, deadline=time.monotonic() + request.ready_timeout_s,
+                   timeout_s=request.ready_timeout_s)
+
+
+def _become_holder(request: NurseryShell, hierarchies: list[int], ready_w: int) -> None:
     try:
-        said = os.read(ready_r, 4096) if select.select([ready_r], [], [], request.ready_timeout_s)[0] else b""
-    finally:
-        os.close(ready_r)
-    if said != b"R":
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the nursery died before the parent-death signal was armed
+            return
+        syscalls.prctl(syscalls.PR_SET_NAME, ctypes.addressof(_HOLDER_NAME))  # ps tells it from the nursery
+        os.setsid()
+        fault(request.faults, "shell.holder")
+        join_by_fds(hierarchies, request.cgroup_rel)
+        namespaces.make_shell_namespaces(request.hostname)
+        os.write(ready_w, b"R")
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        return
+    os.closerange(3, 1 << 20)  # the nursery's control socket above all (close_range: one system call)
+    while True:
+        signal.pause()  # until the engine kills it, or the nursery dies (parent-death signal)
+
+
+def _answer_holder(control: socket.socket, sel: selectors.BaseSelector, holder: _Holder) -> None:
+    """The holder said something, or its time is up: answer its request. One that failed, or is not ready in
+    time, is killed and reaped here, and the error names what it said."""
+    said: bytes | None = None  # None: nothing yet (its time is up); b"": it exited without a word
+    with contextlib.suppress(BlockingIOError):
+        os.set_blocking(holder.ready_r, False)
+        said = os.read(holder.ready_r, 4096)
+    sel.unregister(holder.ready_r)
+    os.close(holder.ready_r)
+    sel.register(control, selectors.EVENT_READ, "control")
+    if said == b"R" and not holder.reaped:
+        send_frame(control, encoder.encode(NurserySpawned(pid=holder.pid)))
+        return
+    if not holder.reaped:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)  # reaped here: the engine never learned its pid
-        reason = said.decode(errors="replace") or f"not ready within {request.ready_timeout_s} s"
-        raise NurseryError(f"a prepared shell's holder failed: {reason}")
-    return pid
+            os.kill(holder.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(holder.pid, 0)  # reaped here: the engine never learned its pid
+    reason = (f"not ready within {holder.timeout_s} s" if said is None
+              else "it exited once ready" if said == b"R"
+              else said.decode(errors="replace") or "it exited before it was ready")
+    send_frame(control, encoder.encode(NurseryFailed(message=f"NurseryError: a prepared shell's holder failed: "
+                                                             f"{reason}")))
 
 
-def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> None:
+def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]], holder: _Holder | None) -> None:
     while True:
         try:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -192,6 +248,9 @@ def _reap(control: socket.socket, popen: dict[int, subprocess.Popen[bytes]]) -> 
             return
         if pid == 0:
             return
+        if holder is not None and pid == holder.pid:  # a holder not yet answered for: the engine knows no such pid
+            holder.reaped = True
+            continue
         proc = popen.pop(pid, None)
         if proc is not None:
             proc.returncode = status  # reaped here; keep Popen from waiting again

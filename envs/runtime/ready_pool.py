@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from .task_scope import TaskScope
+from .task_scope import ScopeClosed, TaskScope
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ class ReadyPool(Generic[K, T]):
         while shelf.ready:
             item = shelf.ready.pop(0)
             if not self.prep.usable(item):  # its process died while it waited: discarded, try the next
-                self.tasks.start_soon(self.prep.discard(item), name=f"discard dead: {self.prep.name(key)}")
+                with contextlib.suppress(ScopeClosed):  # closing: the run's end removes what is left of it
+                    self.tasks.start_soon(self.prep.discard(item), name=f"discard dead: {self.prep.name(key)}")
                 continue
             self.stats.hits += 1
             return item
@@ -132,8 +133,10 @@ class ReadyPool(Generic[K, T]):
             shelf.filling = None
 
     async def aclose(self) -> None:
-        """Stop refilling and discard every item nobody took (finishes under cancellation)."""
+        """Stop refilling and discard every item nobody took (finishes under cancellation); an item whose discard
+        fails does not keep the others: the first failure is raised once every item was tried."""
         self._closed = True
+        failures: list[BaseException] = []
         for shelf in self._shelves.values():
             if shelf.filling is not None:
                 shelf.filling.cancel()
@@ -142,4 +145,10 @@ class ReadyPool(Generic[K, T]):
             items, shelf.ready = shelf.ready, []
             for item in items:
                 self.stats.unused += 1
-                await asyncio.shield(self.prep.discard(item))
+                try:
+                    await asyncio.shield(self.prep.discard(item))
+                except Exception as exc:
+                    log.warning("a pool item (%s) was not discarded: %s", self.prep.name(shelf.key), exc)
+                    failures.append(exc)
+        if failures:
+            raise failures[0]

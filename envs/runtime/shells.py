@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import await_points
 from .cgroups import Cgroup
-from .nursery import Nursery
+from .nursery import HOLDER_NAME, Nursery
 from .ready_pool import Preparation, ReadyPool
 from .task_scope import TaskScope, run_to_end
 
@@ -47,8 +47,10 @@ class Shell:
     holder_fd: int
 
     def holder_alive(self) -> bool:
-        """A pidfd reads as ready once its process has exited."""
-        return not select.select([self.holder_fd], [], [], 0)[0]
+        """A pidfd reads as ready once its process has exited (``poll``: any descriptor number)."""
+        poller = select.poll()
+        poller.register(self.holder_fd, select.POLLIN)
+        return not poller.poll(0)
 
 
 class ShellMaker:
@@ -61,6 +63,7 @@ class ShellMaker:
         self.new_id, self.new_cgroup, self.nursery = new_id, new_cgroup, nursery
         self.run_cgroup, self.cgroup_fds, self.faults = run_cgroup, cgroup_fds, faults
         self.making: set[str] = set()  # the cgroup names of shells being made
+        self.ending: set[int] = set()  # the pids of holders being ended, until reaped
         self._holders_made = False
 
     async def make(self, _key: str = SHELLS) -> Shell:
@@ -84,10 +87,25 @@ class ShellMaker:
             await await_points.reached("shell.make")
             pid = await self.nursery.shell(HOLDERS, self.cgroup_fds, name, faults=self.faults,
                                            ready_timeout_s=HOLDER_READY_TIMEOUT_S)
-            return Shell(id=shell_id, cgroup=group, holder_pid=pid, holder_fd=os.pidfd_open(pid))
+            return Shell(id=shell_id, cgroup=group, holder_pid=pid, holder_fd=self._open_holder(pid))
         except BaseException:
             await asyncio.shield(self._unmake(group, pid))
             raise
+
+    def _open_holder(self, pid: int) -> int:
+        """A pidfd of holder ``pid``, checked to be the holder still: the nursery's child, named ``HOLDER_NAME``
+        (had it died and been reaped since it said it was ready, the pid could be another process's)."""
+        pidfd = os.pidfd_open(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            comm, rest = stat[stat.index(b"(") + 1:stat.rindex(b")")], stat[stat.rindex(b")") + 2:].split()
+            if comm != HOLDER_NAME or int(rest[1]) != self.nursery.pid:
+                raise ProcessLookupError(f"pid {pid} is no longer the shell's holder ({comm!r}, parent {rest[1]!r})")
+        except BaseException:
+            os.close(pidfd)
+            raise
+        return pidfd
 
     async def remove(self, shell: Shell) -> None:
         """A shell nobody took, or whose fork failed: its holder is ended, its cgroup removed (with anything a
@@ -109,6 +127,7 @@ class ShellMaker:
     async def _end_holder(self, pid: int, pidfd: int | None) -> None:
         """SIGKILL through the pidfd (a pid could name another process once the holder is reaped), then wait for
         the nursery to reap it."""
+        self.ending.add(pid)
         try:
             if pidfd is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -119,6 +138,7 @@ class ShellMaker:
             await self.nursery.wait_exit(pid, HOLDER_EXIT_TIMEOUT_S)
             self.nursery.forget(pid)
         finally:
+            self.ending.discard(pid)
             if pidfd is not None:
                 os.close(pidfd)
 
@@ -138,3 +158,10 @@ class ShellPool(ReadyPool[str, Shell]):
         """The cgroup names (below the run's) of the shells ready or being made, and of their holders' group: not
         workspaces."""
         return {f"ws-{shell.id}" for shell in self.ready(SHELLS)} | self.maker.making | {HOLDERS}
+
+    def holders(self) -> set[int] | None:
+        """The pids of the holders the pool accounts for now (its ready shells', those being ended); None while a
+        shell is being made (its holder's pid is not known yet)."""
+        if self.maker.making:
+            return None
+        return {shell.holder_pid for shell in self.ready(SHELLS)} | self.maker.ending

@@ -32,6 +32,7 @@ from ..host_workspace import HostSnapshot, HostWorkspace
 from ..hosts import KILL_TIMEOUT_S, Hosts
 from ..protocol import Borrow, CloneSpec, Fork, Forked, Lend, Lent
 from ..shells import SHELLS, Shell
+from ..task_scope import ScopeClosed
 from .backends import AllOrNothingFork, clone_seed
 
 
@@ -83,7 +84,11 @@ class CowFork(AllOrNothingFork):
         spec = CloneSpec(ws_id=clone_id, hostname=f"ws-{clone_id}", seed=clone_seed(source, seed),
                          layer=f"ws-{clone_id}", cgroup_rel=cgroup_rel, frozen=frozen, borrow=borrow,
                          shell=shell is not None)
-        engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            engine_end, clone_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            await asyncio.shield(self._undo(group, spec, slot, shell))
+            raise
         engine_end.setblocking(False)
         forked: Forked | None = None
         try:
@@ -112,7 +117,10 @@ class CowFork(AllOrNothingFork):
                 raise ForkFailed(source.id, f"fork to {clone_id} failed: {exc.detail}") from exc
             raise
         if shell is not None:  # the clone is in its namespaces: the holder goes, off the fork's path
-            hosts.tasks.start_soon(hosts.shells.maker.release(shell), name=f"release shell {shell.id}")
+            try:
+                hosts.tasks.start_soon(hosts.shells.maker.release(shell), name=f"release shell {shell.id}")
+            except ScopeClosed:  # the run is closing: here, then
+                await asyncio.shield(hosts.shells.maker.release(shell))
         await hosts.admit(clone)
         return clone
 
@@ -126,11 +134,13 @@ class CowFork(AllOrNothingFork):
         """A fork that failed: what it made goes (the shell it took with its holder; the slot it took too: its
         browser may be half-restored)."""
         if slot is None:
-            await asyncio.to_thread(self.hosts.remove_remains, None, spec.layer, spec.ws_id)
-            if shell is not None:
-                await self.hosts.shells.maker.remove(shell)
-            else:
-                await asyncio.to_thread(group.remove)
+            try:  # the cgroup first: what a half-made clone started in it dies before its layer goes
+                if shell is not None:
+                    await self.hosts.shells.maker.remove(shell)
+                else:
+                    await asyncio.to_thread(group.remove)
+            finally:
+                await asyncio.to_thread(self.hosts.remove_remains, None, spec.layer, spec.ws_id)
             return
         await asyncio.to_thread(group.kill_all, KILL_TIMEOUT_S)  # a half-made clone in the slot's cgroup
         await slot.close()
