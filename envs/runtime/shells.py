@@ -1,5 +1,5 @@
 """Prepared shells: a live clone's cgroup and its network, UTS and IPC namespaces, made ahead of the fork that takes
-them, so the fork itself only snapshots, clones and attaches (issue 28, item 2).
+them, so the fork itself only snapshots, clones and attaches.
 
 Owns: what a shell is, making one (``ShellMaker.make``: the cgroup as a workspace's is made, with its agents'
 subgroup and the run's limits, empty; and a holder the nursery forks, in a group of the run's for holders, that
