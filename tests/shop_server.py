@@ -165,7 +165,9 @@ def serve_directory(directory: str, handler: type[http.server.BaseHTTPRequestHan
     (no trailing slash). ``handler`` may be a subclass of the file handler that answers a few paths itself."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=directory))
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, name="test-pages-server", daemon=True)
+    # a short poll: shutdown() waits for one, and async tests leave this context on their event loop
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="test-pages-server",
+                              daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"

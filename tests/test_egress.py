@@ -65,7 +65,8 @@ class Hello(http.server.BaseHTTPRequestHandler):
 def other_server(host: str) -> Iterator[int]:
     """A server that would answer if reached: on ``host`` (127.0.0.2 is this machine too, another address)."""
     httpd = http.server.ThreadingHTTPServer((host, 0), functools.partial(Hello))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for one, and an async test calls it on its event loop
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield int(httpd.server_address[1])

@@ -26,18 +26,23 @@ async def test_spins_the_loop():  # 1.5 s of the CPU, however long a loaded mach
 async def test_awaits():
     await asyncio.sleep(0.2)
 
-HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.nice(-20)\\nwhile True: pass"
+# It ends by itself after 3 s: against it at nice 19 each ms of CPU the test uses costs seconds of waiting (the
+# scheduler repays a low-weight task's lag slowly), so the test's end would otherwise wait on the scheduler.
+HOG = ("import os, sys, time; os.sched_setaffinity(0, {int(sys.argv[1])}); os.nice(-20)\\n"
+       "end = time.monotonic() + 3\\nwhile time.monotonic() < end: pass")
 
 @pytest.mark.asyncio
-async def test_starved_of_cpu():  # waiting 2 s for a CPU (a hog at nice -20 on the loop's one CPU) is not blocking
+async def test_starved_of_cpu():  # waiting 3 s for a CPU (a hog at nice -20 on the loop's one CPU) is not blocking
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(min(cpus))])
     os.nice(19)
+    waited = lambda: int(open("/proc/thread-self/schedstat").read().split()[1]) / 1e9  # runnable, no CPU
     try:
-        end = time.monotonic() + 2
+        before, end = waited(), time.monotonic() + 2
         while time.monotonic() < end:
             await asyncio.sleep(0.05)
+        assert waited() - before > 1, "the loop was not starved: the probe tests nothing"
     finally:
         hog.kill()
         hog.wait()
@@ -68,4 +73,4 @@ def test_an_async_test_that_blocks_the_loop_fails_on_both_loops(tmp_path: Path) 
     assert "ERROR test_probe.py::test_starved_of_cpu" not in report, report
     # it names where, faulthandler's way (File "...", line N in function), a call holding the GIL too
     assert report.count('test_probe.py", line 7 in test_blocks_the_loop') >= 2, report
-    assert report.count('test_probe.py", line 43 in test_holds_the_gil') >= 2, report
+    assert report.count('test_probe.py", line 48 in test_holds_the_gil') >= 2, report

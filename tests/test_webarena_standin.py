@@ -211,7 +211,7 @@ def test_a_reset_server_resets_the_deployment_before_each_group_one_group_at_a_t
     for task_id in ("54", "56", "69"):
         (directory / f"{task_id}.json").unlink()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ResetServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         with serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE, shop_class=Timed) as shop:
             out = tmp_path / "run"
