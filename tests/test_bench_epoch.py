@@ -134,11 +134,14 @@ def test_ratios_compare_each_epoch_with_the_reference_mode() -> None:
 
 
 def test_prefix_statistics_per_epoch() -> None:
-    before = {"hits": 2, "misses": 8, "tool_s_skipped": 1.5, "nodes_hot": 4, "bytes_written": 100}
+    before = {"hits": 2, "misses": 8, "tool_s_skipped": 1.5, "nodes_hot": 4, "bytes_written": 100, "hot_budget": 500}
     after = {"hits": 6, "misses": 10, "tool_s_skipped": 4.0, "nodes_hot": 5, "bytes_written": 150,
-             "cache_forks": 3, "hit_rate": 0.3}
+             "cache_forks": 3, "hit_rate": 0.3, "hot_budget": 500}
+    # the hot budget is a gauge: as at the end (a relative budget that did not move was reported as 0)
     assert epoch.prefix_window(before, after) == {"hits": 4, "misses": 2, "tool_s_skipped": 2.5, "nodes_hot": 5,
-                                                  "bytes_written": 50, "cache_forks": 3, "hit_rate": 0.6667}
+                                                  "bytes_written": 50, "cache_forks": 3, "hit_rate": 0.6667,
+                                                  "hot_budget": 500}
+    assert epoch.prefix_window({"hot_budget": None}, {"hot_budget": None})["hot_budget"] is None  # type: ignore[index]
     assert epoch.prefix_window(None, None) is None
 
 

@@ -68,7 +68,8 @@ MODES = ("base", "spec", "spec-readonly", "prefix", "full")
 PREFIX_MODES = ("prefix", "full")
 SPEC_MODES = ("spec", "spec-readonly", "full")
 # The engine's prefix statistics that are states, not cumulative counts (those are taken as differences per epoch).
-GAUGES = ("nodes", "nodes_hot", "nodes_cold", "nodes_absent", "bytes_hot", "bytes_cold", "pinned", "writer_backlog")
+GAUGES = ("nodes", "nodes_hot", "nodes_cold", "nodes_absent", "bytes_hot", "bytes_cold", "pinned", "writer_backlog",
+          "hot_budget")  # the hot budget as at the epoch's end (a relative one moves; None: unbounded)
 BROKEN = (Status.ENGINE_ERROR, Status.SETUP_FAILED, Status.WORKSPACE_FAILED)  # the run's fault, not the agent's
 
 
