@@ -159,22 +159,28 @@ class QuietFiles(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
+def serve_in_thread(httpd: http.server.HTTPServer, name: str = "test-http-server") -> Iterator[int]:
+    """Run ``httpd`` in a thread; yields its port. Its poll is short because ``shutdown()`` waits for one, and async
+    tests leave this context on their event loop (the default 0.5 s per server tripped the loop watchdog)."""
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(30)
+
+
+@contextlib.contextmanager
 def serve_directory(directory: str, handler: type[http.server.BaseHTTPRequestHandler] = QuietFiles
                     ) -> Iterator[str]:
     """``http.server``'s file server on ``directory`` (127.0.0.1, a free port) in a thread; yields its base URL
     (no trailing slash). ``handler`` may be a subclass of the file handler that answers a few paths itself."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=directory))
     httpd.daemon_threads = True
-    # a short poll: shutdown() waits for one, and async tests leave this context on their event loop
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="test-pages-server",
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(30)
+    with serve_in_thread(httpd, name="test-pages-server") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def product_url(index: int) -> str:

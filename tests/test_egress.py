@@ -9,7 +9,6 @@ import contextlib
 import functools
 import http.server
 import shlex
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +17,7 @@ from bunshin.envs import AppSpec, ToolCall
 from bunshin.envs.runtime.egress import BadEgress, parse_allow
 from bunshin.envs.runtime.runtime import WorkspaceRuntime
 
-from .shop_server import serve_shop
+from .shop_server import serve_in_thread, serve_shop
 
 FETCH = r"""
 import socket, sys, urllib.error, urllib.request
@@ -64,15 +63,8 @@ class Hello(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def other_server(host: str) -> Iterator[int]:
     """A server that would answer if reached: on ``host`` (127.0.0.2 is this machine too, another address)."""
-    httpd = http.server.ThreadingHTTPServer((host, 0), functools.partial(Hello))
-    # a short poll: shutdown() waits for one, and an async test calls it on its event loop
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield int(httpd.server_address[1])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve_in_thread(http.server.ThreadingHTTPServer((host, 0), functools.partial(Hello))) as port:
+        yield port
 
 
 async def fetch(ws: object, how: str, url: str) -> str:

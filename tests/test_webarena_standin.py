@@ -18,7 +18,7 @@ from bunshin.envs import Limits, WorkspaceRuntime
 from bunshin.envs.webarena.suite import WebArenaSuite
 from bunshin.envs.webshop import tasks as shop_tasks
 
-from .shop_server import serve_shop
+from .shop_server import serve_in_thread, serve_shop
 
 # the embedded suite's own task files: they are in WebArena's format; one per evaluator kind
 TASKS = {"7": "string_match", "33": "url_match", "45": "program_html, JS on the cart page (the agent's cookie)",
@@ -210,18 +210,13 @@ def test_a_reset_server_resets_the_deployment_before_each_group_one_group_at_a_t
     directory = task_dir(tmp_path)
     for task_id in ("54", "56", "69"):
         (directory / f"{task_id}.json").unlink()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ResetServer)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        with serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE, shop_class=Timed) as shop:
-            out = tmp_path / "run"
-            assert main(["eval", "--suite", "webarena", "--task-file", str(directory), "--site", f"shopping={shop.url}",
-                         "--set", f"full_reset=http://127.0.0.1:{server.server_address[1]}/reset",
-                         "--set", "reset_poll_s=0.2", "--group-size", "2", "--concurrency", "4", "--out",
-                         str(out)]) == 0
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_in_thread(http.server.ThreadingHTTPServer(("127.0.0.1", 0), ResetServer)) as reset_port, \
+            serve_shop(catalog_size=shop_tasks.DEFAULT_CATALOG_SIZE, shop_class=Timed) as shop:
+        out = tmp_path / "run"
+        assert main(["eval", "--suite", "webarena", "--task-file", str(directory), "--site", f"shopping={shop.url}",
+                     "--set", f"full_reset=http://127.0.0.1:{reset_port}/reset",
+                     "--set", "reset_poll_s=0.2", "--group-size", "2", "--concurrency", "4", "--out",
+                     str(out)]) == 0
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     failed = [t for t in trajectories if t["status"] != "ok"]
     assert len(resets) == 3 and len(failed) == 2, trajectories  # the first reset failed: its group's two samples
