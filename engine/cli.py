@@ -25,6 +25,7 @@ from .commands.flags import (
     budget_of,
     deployment_arguments,
     hot_budget_of,
+    image_argument,
     knob,
     make_suite,
     nbytes_of,
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--memory-budget", type=nbytes_of, default=None, help="admit rollouts within this memory")
     warm_pool_argument(ev)
     ev.add_argument("--backend", choices=BACKENDS, default="cow")
+    image_argument(ev)
     ev.add_argument("--time-scale", type=float, default=0.05,
                     help="multiply the policy's modelled reasoning time and the suite's modelled tool latency "
                          "(1 = real seconds; the suite's knob time_scale, unless --set time_scale=X)")
@@ -142,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="re-execute recorded trajectories in fresh workspaces and compare")
     rp.add_argument("trajectories", type=Path)
     rp.add_argument("--backend", choices=BACKENDS, default="cow")
+    image_argument(rp)
     rp.add_argument("--concurrency", type=int, default=8)
     rp.add_argument("--catalog-size", type=int, help="web shop: as the recording was made")
     rp.add_argument("--set", type=knob, action="append", default=[], metavar="KNOB=VALUE")
@@ -520,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
                                                   concurrency=args.concurrency, memory_budget=args.memory_budget,
                                                   backend=args.backend, seed=args.seed, max_steps=args.max_steps,
                                                   prefix=prefix, speculation=speculation, ray_address=address,
-                                                  warm_pool=args.warm_pool))
+                                                  warm_pool=args.warm_pool, image=args.image))
         except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
             raise CommandError(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
@@ -542,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{' '.join(f'{k}={v}' for k, v in sorted(recorded.items()))}", file=sys.stderr)
         args.set = list(recorded.items()) + list(args.set)
         report = event_loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
-                                     concurrency=args.concurrency))
+                                           concurrency=args.concurrency, image=args.image))
         print(json.dumps({k: v for k, v in report.items() if k != "differences"}))
         if args.json:
             write_json(args.json, report)

@@ -75,7 +75,8 @@ class RolloutEngine:
                  setup_timeout_s: float | None = None, rollout_timeout_s: float = 1800.0, max_steps: int = 40,
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
                  memory_detail_s: float | None = None, prefix: PrefixSettings | None = None,
-                 speculation: SpecSettings | None = None, runtime: Any = None, warm_pool: int | None = None):
+                 speculation: SpecSettings | None = None, runtime: Any = None, warm_pool: int | None = None,
+                 image: str | None = None):
         """``runtime``: the workspaces' runtime, made by the caller (``bunshin.envs.memory_workspace.MemoryRuntime``
         runs an engine without root); its own settings then stand instead of ``backend``, ``limits`` and
         ``state_dir`` (default: a ``WorkspaceRuntime`` made from those). ``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
@@ -88,7 +89,9 @@ class RolloutEngine:
         ``warm_pool``: ready warm-pool slots per warm app (a Chromium workspace's clones take their browser from
         one, ``envs/runtime/warm_pool.py``; None: ``WARM_POOL`` or ``concurrency`` if less; 0: every clone starts
         its own), within ``memory_budget`` (None: the pool's own
-        default). The slots are the run's memory: every figure of the run includes them."""
+        default). The slots are the run's memory: every figure of the run includes them. ``image``: the image every
+        workspace stands on instead of the suite's (a directory, a tarball, or ``docker:NAME[:TAG]``, a local
+        Docker image; ``WorkspaceRuntime``'s)."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.forks_live = forks_live(suite.forks_live, backend)  # a desktop does on the tree fork
@@ -108,6 +111,8 @@ class RolloutEngine:
                                                              command_timeout_s=call_timeout_s)}
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)
+        if image is not None:
+            kwargs["image"] = image
         if warm_pool is not None and warm_pool < 0:
             raise ValueError(f"warm_pool is a count of slots, got {warm_pool}")
         kwargs.update(warm_pool=min(concurrency, WARM_POOL) if warm_pool is None else warm_pool,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -136,6 +137,28 @@ def warm_pool_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-pool", type=int, default=None, metavar="N",
                         help="web shop with Chromium: browsers started ahead for the live fork's clones to take "
                              "over (default: 2, or --concurrency if less; 0: every clone launches its own)")
+
+
+def image_of(text: str) -> str:
+    """``--image``'s value: ``docker:NAME[:TAG]`` (a local Docker image), or an image directory or tarball."""
+    from bunshin.envs.images.docker_roots import DockerRef, is_docker_ref
+
+    if is_docker_ref(text):
+        try:
+            DockerRef.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    elif not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such image directory or tarball (a Docker image is docker:NAME)")
+    return text
+
+
+def image_argument(parser: argparse.ArgumentParser) -> None:
+    """``--image``: what every workspace stands on instead of the suite's declared image (``RolloutEngine``'s)."""
+    parser.add_argument("--image", type=image_of, default=None, metavar="docker:NAME[:TAG]|DIR|TAR",
+                        help="every workspace on this image instead of the suite's: a local Docker image "
+                             "(docker:NAME[:TAG]; its files are taken once per image id and forked live like "
+                             "any other, docs/docker.md), or a root file system's directory or tarball")
 
 
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:

@@ -39,15 +39,27 @@ AGENT_ENV = {
 AGENT_OOM_SCORE_ADJ = 800
 
 
+def agent_env(image_env: dict[str, str]) -> dict[str, str]:
+    """The agent commands' environment: ours, with an image's ``Env`` over it except the agent's own HOME and
+    USER (the workspace's user runs them, whatever user the image names)."""
+    keep = {"HOME", "USER"}
+    return {**AGENT_ENV, **{k: v for k, v in image_env.items() if k not in keep}}
+
+
 class Agents:
     """The agent processes of one workspace. ``private_fds()`` lists the host's descriptors a command must not
     keep (asked at every command: the set changes as workers come and clones re-open)."""
 
     def __init__(self, cgroup_fds: list[int], cgroup_rel: str, own_pidns_fd: int,
-                 private_fds: Callable[[], list[int]], namespace: bool = True):
+                 private_fds: Callable[[], list[int]], namespace: bool = True,
+                 image_env: dict[str, str] | None = None, image_cwd: str = ""):
         """``namespace=False`` (a tree-fork host, pid 1 of its own namespace): commands run in the host's PID
-        namespace, the host reaps their orphans (``reap_orphans``) and kills them through their cgroup."""
+        namespace, the host reaps their orphans (``reap_orphans``) and kills them through their cgroup.
+        ``image_env``, ``image_cwd``: a Docker image's ``Env`` (over ours, but the agent's HOME and USER, which are
+        the workspace's) and ``WorkingDir`` (the commands' directory when it exists; else the agent's home)."""
         self.namespace = namespace
+        self.env = agent_env(image_env or {})
+        self.image_cwd = image_cwd
         self.cgroup_fds = cgroup_fds
         self.group = f"{cgroup_rel}/{AGENT_GROUP}"
         self.own_pidns_fd = own_pidns_fd  # the hosts' PID namespace, to come back to after spawning
@@ -76,7 +88,7 @@ class Agents:
         try:
             private = self.private_fds()
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", cmd], cwd=image.AGENT_HOME, env=AGENT_ENV, stdin=subprocess.DEVNULL,
+                ["/bin/sh", "-c", cmd], cwd=self._cwd(), env=self.env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=lambda: _preexec(self.cgroup_fds, self.group, private),
             )
@@ -94,6 +106,9 @@ class Agents:
         if timed_out:
             return Observation(output=text, exit_code=-signal.SIGKILL, error=f"command timed out after {timeout_s:g}s")
         return Observation(output=text, exit_code=proc.returncode)
+
+    def _cwd(self) -> str:
+        return self.image_cwd if self.image_cwd and os.path.isdir(self.image_cwd) else image.AGENT_HOME
 
     def _ensure_namespace(self) -> int:
         if self.pidns_fd is not None:

@@ -2,7 +2,9 @@
 
 Owns: the choice (the image the runtime was given, for every workspace, when it was given one; else the declared
 image the app names, ``AppSpec.image``, which must be built in the image store, ``envs/images``; else the
-host-derived default) and the run's placed images by name (``image.py`` places them).
+host-derived default) and the run's placed images by name (``image.py`` places them). Either choice may be a local
+Docker image, ``docker:NAME[:TAG]``: its root comes from the Docker cache (``images/docker_roots.py``, extracted
+once per image id) and is placed as a declared image's is, with the image's own configuration beside it.
 Must never: build an image (minutes and the network: that is the setup's and ``bunshin images build``'s), nor
 place one twice in a run.
 """
@@ -10,12 +12,22 @@ place one twice in a run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
+from ..images.docker_roots import DockerRef, DockerRoot, DockerRoots, is_docker_ref
 from ..images.recipes import recipe
 from ..images.store import ImageStore
 from ..records import AppSpec
-from .image import PreparedImage, build_default_image, place_declared, place_directory, place_tarball
+from .image import (
+    ImageError,
+    PreparedImage,
+    build_default_image,
+    place_declared,
+    place_directory,
+    place_root,
+    place_tarball,
+)
 
 HOST_DEFAULT = "host"  # the name under which the host-derived default is placed
 
@@ -24,10 +36,12 @@ class BaseImages:
     """The run's images. ``given``: the image directory or tarball the runtime was started with (None: each app's
     own); ``store``: where declared images are looked up."""
 
-    def __init__(self, pool_root: Path, given: Path | None = None, store: ImageStore | None = None):
+    def __init__(self, pool_root: Path, given: Path | DockerRef | None = None, store: ImageStore | None = None,
+                 docker: DockerRoots | None = None):
         self.pool_root = pool_root
         self.given = given
         self.store = store or ImageStore()
+        self.docker = docker or DockerRoots()
         self.placed: dict[str, PreparedImage] = {}
         self._placing: dict[str, asyncio.Lock] = {}
 
@@ -39,21 +53,45 @@ class BaseImages:
 
     async def for_app(self, app: AppSpec) -> PreparedImage:
         """The image ``app``'s workspaces stand on, placed in the pool (``UnknownImage``, ``ImageNotBuilt``: the
-        app names an image no recipe declares, or one not built here)."""
+        app names an image no recipe declares, or one not built here; for a Docker image ``DockerUnavailable``,
+        ``DockerImageMissing``, ``DockerImportFailed``, or ``ImageError`` when it cannot carry a workspace)."""
         name = self.name_for(app)
         if name in self.placed:
             return self.placed[name]
         lock = self._placing.setdefault(name, asyncio.Lock())
         async with lock:
             if name not in self.placed:
-                self.placed[name] = await asyncio.to_thread(self._place, app)
+                docker = self._docker_ref(app)
+                if docker is not None:
+                    root = await self.docker.get(docker)
+                    self.placed[name] = await asyncio.to_thread(_place_docker, self.pool_root, root)
+                else:
+                    self.placed[name] = await asyncio.to_thread(self._place, app)
         return self.placed[name]
 
+    def _docker_ref(self, app: AppSpec) -> DockerRef | None:
+        if isinstance(self.given, DockerRef):
+            return self.given
+        if self.given is None and is_docker_ref(app.image):
+            return DockerRef.parse(str(app.image))
+        return None
+
     def _place(self, app: AppSpec) -> PreparedImage:
-        if self.given is not None:
+        if isinstance(self.given, Path):
             if self.given.is_dir():
                 return place_directory(self.pool_root, self.given)
             return place_tarball(self.pool_root, self.given)
         if app.image is None:
             return build_default_image(self.pool_root)
         return place_declared(self.pool_root, self.store.require(recipe(app.image)))
+
+
+def _place_docker(pool_root: Path, root: DockerRoot) -> PreparedImage:
+    """A Docker image's cached root in the pool, as a declared image (its /usr bound from the cache), carrying the
+    image's configuration. The workspace host runs on the image's Python 3.11 standard library, as it does on a
+    declared image's: an image without it is refused here, by name, rather than failing at a lazy import."""
+    if not (root.root / "usr" / "lib" / "python3.11").is_dir():
+        raise ImageError(f"docker:{root.ref}: no /usr/lib/python3.11 in the image: the workspace host runs on the "
+                         f"image's Python 3.11 (Debian 12's python3), which this image lacks")
+    placed = place_root(pool_root, root.root, key=f"docker-{root.image_id[:16]}", label=f"docker:{root.ref}")
+    return dataclasses.replace(placed, config=root.config)

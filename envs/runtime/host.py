@@ -82,7 +82,7 @@ class Host:
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.state_version = 0
         agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds,
-                        namespace=not config.tree)
+                        namespace=not config.tree, image_env=config.image_env, image_cwd=config.image_cwd)
         apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds, cgroup_fds, config.cgroup_rel)
         self.state = ForkState(
             ws_id=config.ws_id, frozen=False, sock=sock,

@@ -175,6 +175,8 @@ class Hosts:
             # app opts in its own programs, a browser); under a private restore nothing is shared, all may merge
             merge_memory=app.merge_memory and not self.backend.shares_memory,
             tree=self.backend.tree_hosts, pool_path=str(run.layers.root) if self.backend.tree_hosts else "",
+            image_env=dict(image.config.env) if image.config else {},
+            image_cwd=image.config.working_dir if image.config else "",
         )
         pid: int | None = None
         try:

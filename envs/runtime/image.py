@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvsError
+from ..images.docker_roots import ImageConfig
 from ..images.store import BuiltImage
 
 AGENT_USER = "agent"
@@ -50,6 +51,7 @@ class PreparedImage:
     name: str
     lower: str
     binds: tuple[Bind, ...] = field(default=())
+    config: ImageConfig | None = None  # a Docker image's own configuration (its Env, WorkingDir, User...)
 
 
 def runtime_paths() -> list[str]:
@@ -115,26 +117,35 @@ _NOT_PLACED = frozenset({"usr", "proc", "sys", "dev", "boot"})
 
 
 def place_declared(pool_root: Path, built: BuiltImage) -> PreparedImage:
-    """A declared image in the run's pool: everything but /usr copied (its /etc and /var, a few tens of MiB), with
-    the agent's user added and no name server; /usr bound read-only from the store, where it stays."""
-    name = f"image-{built.path.name}"
+    """A declared image in the run's pool (``place_root``), named by its store directory."""
+    return place_root(pool_root, built.root, key=built.path.name, label=f"image {built.name}")
+
+
+def place_root(pool_root: Path, root: Path, *, key: str, label: str) -> PreparedImage:
+    """A root file system kept outside the run (a declared image's in the store, a Docker image's in its cache) in
+    the run's pool: everything but /usr copied (its /etc and /var, a few tens of MiB), with the agent's user added
+    and no name server; /usr bound read-only from where it stays. ``key`` names it in the pool and makes its machine
+    id (the same in every run and on every host)."""
+    name = f"image-{key}"
     dest = pool_root / name
     dest.mkdir(mode=0o755)
-    sources = [str(entry) for entry in sorted(built.root.iterdir()) if entry.name not in _NOT_PLACED]
+    sources = [str(entry) for entry in sorted(root.iterdir()) if entry.name not in _NOT_PLACED]
     proc = subprocess.run(["cp", "-a", "--reflink=auto", *sources, str(dest)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ImageError(f"image {built.name}: copy into the pool failed: {proc.stderr.strip()}")
+        raise ImageError(f"{label}: copy into the pool failed: {proc.stderr.strip()}")
     for d, mode in (("usr", 0o755), ("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("home", 0o755),
                     (CLONE_ROOT.lstrip("/"), 0o700)):
         (dest / d).mkdir(mode=mode, exist_ok=True)
     etc = dest / "etc"
+    etc.mkdir(mode=0o755, exist_ok=True)
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").unlink(missing_ok=True)
     (etc / "resolv.conf").write_text("")  # workspaces have no network beyond their own loopback
     # D-Bus refuses to start without a machine id; one per image, the same in every run and on every host
-    (etc / "machine-id").write_text(hashlib.sha256(built.path.name.encode()).hexdigest()[:32] + "\n")
+    (etc / "machine-id").write_text(hashlib.sha256(key.encode()).hexdigest()[:32] + "\n")
     _add_agent(dest)
-    return PreparedImage(name=name, lower=name, binds=(Bind("/usr", source=str(built.root / "usr")),))
+    binds = (Bind("/usr", source=str(root / "usr")),) if (root / "usr").is_dir() else ()
+    return PreparedImage(name=name, lower=name, binds=binds)
 
 
 def _add_agent(root: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HostUnsupported
+from ..images.docker_roots import DockerRef, DockerRoots, is_docker_ref
 from ..images.store import ImageStore
 from ..records import AppSpec, Limits, MemoryStats
 from . import await_points, image_files
@@ -50,21 +51,25 @@ class WorkspaceRuntime:
                  start_timeout_s: float = START_TIMEOUT_S, warm_pool: int = DEFAULT_SIZE,
                  warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
                  image_store: ImageStore | None = None, fast_cgroup_moves: bool = True,
-                 one_step_clones: bool = True, prepared_shells: int = DEFAULT_SHELLS):
+                 one_step_clones: bool = True, prepared_shells: int = DEFAULT_SHELLS,
+                 docker_roots: DockerRoots | None = None):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
         ``warm_budget_bytes`` of the run's memory charge (None: half of the memory available at the start).
         ``ksm``: ksmd's scan rate while a workspace of the run opts into KSM (``AppSpec.merge_memory``; None: the
         default ``KsmTuning``); the host's own settings are given back when the run closes (``ksm.py``).
-        ``image``: an image directory or tarball every workspace stands on (None: each app's declared image,
-        ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
+        ``image``: an image directory or tarball every workspace stands on, or a local Docker image
+        (``docker:NAME[:TAG]``, its root extracted into ``docker_roots``' cache once per image id; None: each app's
+        declared image, ``AppSpec.image``, from ``image_store``, by default ``BUNSHIN_IMAGE_DIR``; ``base_images.py``).
         ``fast_cgroup_moves``: put the kernel in its favordynmods mode for the run (``fast_moves.py``; False: leave
         the kernel's mode as it is). ``one_step_clones``: a live clone is forked in one step where it can be
         (``fork/sibling.py``; False: the double fork, for comparison). ``prepared_shells``: live clones' cgroups
         and namespaces kept ready within the warm pool's budget (``shells.py``; 0: every fork makes its own)."""
         self.backend_name = check_backend(backend)
-        self.image_source = Path(image) if image else None
+        self.image_source: Path | DockerRef | None = (
+            DockerRef.parse(str(image)) if is_docker_ref(str(image)) else Path(image)) if image else None
+        self.docker_roots = docker_roots
         self.image_store = image_store
         self.limits = limits or Limits()
         self.seed = seed
@@ -129,7 +134,7 @@ class WorkspaceRuntime:
             self.layout = CgroupLayout.detect()
             self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create(delegate=True)
             self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
-            self.images = BaseImages(self.layers.root, self.image_source, self.image_store)
+            self.images = BaseImages(self.layers.root, self.image_source, self.image_store, self.docker_roots)
             if self.image_source is not None:  # a user's image is checked (and copied) before the first workspace
                 await self.images.for_app(AppSpec())
             self.pool_fd = self.layers.open_detached()
