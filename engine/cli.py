@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     images_build.add_argument("names", nargs="*", help="image names (bunshin images list shows them)")
     images_build.add_argument("--all", action="store_true", help="every declared image")
     images_sub.add_parser("list", help="every declared image: built or not, what it holds, where")
+    images_docker = images_sub.add_parser("docker", help="import built images into the local Docker daemon as "
+                                          "bunshin/NAME:DIGEST, for --image docker:... (docs/docker.md)")
+    images_docker.add_argument("names", nargs="*", help="image names (default: every built one)")
     images_sub.add_parser("prune", help="remove built images no declared recipe names any more (older recipes')")
 
     demo = sub.add_parser("demo", help="fork a live workspace a few times and show what it measured")
@@ -392,6 +395,14 @@ def run(args: argparse.Namespace) -> int:
         if args.images_command == "list":
             for line in images_command.table():
                 print(line)
+            return 0
+        if args.images_command == "docker":
+            from bunshin.envs.images.store import ImageStore
+
+            store = ImageStore()
+            names = args.names or [name for name, wanted in sorted(RECIPES.items()) if store.find(wanted)]
+            for ref in event_loop.run(images_command.to_docker(names)):
+                print(ref)
             return 0
         if args.images_command == "prune":
             for name in images_command.prune():

@@ -10,7 +10,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -296,3 +296,24 @@ async def loop_watchdog() -> AsyncIterator[None]:
     where = f"\nthe loop's thread {DUMP_AFTER_S} s into its longest block:\n{longest}" if longest else ""
     assert worst < 1.0, (f"the event loop was blocked for {worst:.2f}s (its longest wait for a CPU or the "
                          f"hypervisor, not counted: {starved:.2f}s){where}")
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Docker daemon's address for the session: the one that answers, else dockerd started here and stopped at
+    the end (the test command installs docker.io; a machine without it fails these tests, by name)."""
+    from bunshin.envs.images.docker_daemon import daemon_running
+    from bunshin.envs.images.docker_roots import DEFAULT_SOCKET
+
+    with daemon_running(tmp_path_factory.mktemp("dockerd") / "dockerd.log"):
+        yield DEFAULT_SOCKET
+
+
+@pytest.fixture(scope="session")
+def base_docker_ref(docker_daemon: str) -> str:
+    """The declared image ``base`` (built by the setup) imported into Docker: ``docker:bunshin/base:<digest>``."""
+    from bunshin.envs.images.docker_daemon import import_declared
+    from bunshin.envs.images.recipes import recipe
+    from bunshin.envs.images.store import ImageStore
+
+    return str(asyncio.run(import_declared(ImageStore().require(recipe("base")), address=docker_daemon)))

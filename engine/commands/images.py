@@ -2,7 +2,7 @@
 
 Owns: the command-line face of the image store (``envs/images``): which images a suite's workspaces stand on
 (``suite_images``), building the missing ones with progress on stderr, and the table ``images list`` and
-``doctor`` print.
+``doctor`` print; ``images docker``: built images imported into the local Docker daemon.
 Must never: start a run (building is done, or refused, before any workspace exists).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from bunshin.envs.images.docker_roots import DockerError, is_docker_ref
 from bunshin.envs.images.recipes import RECIPES, ImageRecipe, recipe
 from bunshin.envs.images.store import ImageBuildFailed, ImageStore
 from bunshin.envs.records import AppSpec
@@ -24,7 +25,8 @@ def progress(line: str) -> None:
 
 def app_images(app: AppSpec) -> list[str]:
     """The declared images ``app``'s workspaces and its warm-pool slots stand on."""
-    names = [spec.image for spec in (app, app.warm) if spec is not None and spec.image is not None]
+    names = [spec.image for spec in (app, app.warm)
+             if spec is not None and spec.image is not None and not is_docker_ref(spec.image)]
     return list(dict.fromkeys(names))
 
 
@@ -48,6 +50,24 @@ def build(names: list[str], store: ImageStore | None = None) -> list[str]:
             raise CommandError(str(exc)) from exc
         made.append(name)
     return made
+
+
+async def to_docker(names: list[str], store: ImageStore | None = None) -> list[str]:
+    """Import the built images called ``names`` into the local Docker daemon as ``bunshin/<name>:<digest>``
+    (unless it has them); their Docker names (``CommandError``: one not built, or the daemon's refusal)."""
+    from bunshin.envs.images.docker_daemon import import_declared
+
+    store = store or ImageStore()
+    refs = []
+    for name in names:
+        built = store.find(_recipe(name))
+        if built is None:
+            raise CommandError(f"image {name} is not built: bunshin images build {name}")
+        try:
+            refs.append(str(await import_declared(built, progress=progress)))
+        except DockerError as exc:
+            raise CommandError(str(exc)) from exc
+    return refs
 
 
 def prune(store: ImageStore | None = None) -> list[str]:

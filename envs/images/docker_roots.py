@@ -169,7 +169,7 @@ class DockerRoots:
             if found is not None:
                 return found
             self.cache.mkdir(parents=True, exist_ok=True)
-            lock = await asyncio.to_thread(_take_lock, self.cache / f".{image_id}.lock")
+            lock = await _take_lock(self.cache / f".{image_id}.lock")
             try:
                 found = self.find(image_id)  # another process extracted it while we waited
                 if found is not None:
@@ -239,11 +239,14 @@ class DockerRoots:
         return msgspec.structs.replace(found, path=str(final))
 
     async def _untar(self, client: Any, container_id: str, dest: Path, ref: DockerRef, progress: Progress) -> int:
-        """Stream the container's export into ``tar -x`` (numeric owners, modes, devices kept); the bytes read."""
+        """Stream the container's export into ``tar -x`` (numeric owners, modes, devices kept); the bytes read.
+        tar's messages are read as they come (one per file once the disk is full: unread, they would fill the
+        pipe and stop tar reading its input)."""
         tar = await asyncio.create_subprocess_exec(
             "tar", "--numeric-owner", "-xpf", "-", "-C", str(dest), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         assert tar.stdin is not None and tar.stderr is not None
+        messages = asyncio.ensure_future(_first_lines(tar.stderr))
         total, told = 0, 0
         try:
             try:
@@ -261,22 +264,38 @@ class DockerRoots:
             except Exception as exc:
                 raise DockerImportFailed(f"{ref}: reading the image's files from the daemon failed: "
                                          f"{translate(exc, ref, self.address)}") from exc
-            err = (await tar.stderr.read()).decode(errors="replace").strip()
             if await tar.wait() != 0:
+                lines = await messages
                 raise DockerImportFailed(f"{ref}: extracting its files into {dest.parent} failed: "
-                                         f"{err.splitlines()[-1] if err else f'tar exit {tar.returncode}'}")
+                                         f"{lines[0] if lines else f'tar exit {tar.returncode}'}")
         finally:
             if tar.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     tar.kill()
                 await asyncio.shield(tar.wait())
+            messages.cancel()
         return total
 
 
-async def import_root(root: Path, name: str, tag: str, *, address: str | None = None,
+async def _first_lines(stream: asyncio.StreamReader, keep: int = 5) -> list[str]:
+    """The first ``keep`` lines of a child's messages, a full disk's first (whenever it came) ahead of them; the
+    rest read and dropped until the child closes them."""
+    lines: list[str] = []
+    full = ""
+    while line := await stream.readline():
+        text = line.decode(errors="replace").strip()
+        if not full and "No space left on device" in text:
+            full = text
+        if len(lines) < keep:
+            lines.append(text)
+    return [full, *lines] if full else lines
+
+
+async def import_root(root: Path, name: str, tag: str, *, address: str | None = None, changes: tuple[str, ...] = (),
                       progress: Progress = lambda line: None) -> str:
     """``root`` (a root file system) as the Docker image ``name:tag`` unless the daemon has it already; its id.
-    The files stream from ``tar -c`` to the daemon (``docker import``'s endpoint) with progress."""
+    The files stream from ``tar -c`` to the daemon (``docker import``'s endpoint) with progress; ``changes``:
+    Dockerfile instructions for its configuration (``ENV A=b``, ``WORKDIR /srv``...), as ``docker import -c``."""
     ref = DockerRef(f"{name}:{tag}")
     address = address or DEFAULT_SOCKET
     async with docker_client(address) as client:
@@ -303,7 +322,8 @@ async def import_root(root: Path, name: str, tag: str, *, address: str | None = 
 
         try:
             async with client._query_chunked_post(
-                    "images/create", params={"fromSrc": "-", "repo": name, "tag": tag}, data=body(),
+                    "images/create", params={"fromSrc": "-", "repo": name, "tag": tag,
+                                             **({"changes": "\n".join(changes)} if changes else {})}, data=body(),
                     headers={"Content-Type": "application/x-tar"}, timeout=None) as response:
                 answer = (await response.read()).decode(errors="replace")
             err = (await tar.stderr.read()).decode(errors="replace").strip()
@@ -325,14 +345,19 @@ async def import_root(root: Path, name: str, tag: str, *, address: str | None = 
         return image_id
 
 
-def _take_lock(path: Path) -> int:
+async def _take_lock(path: Path) -> int:
+    """The extraction lock of one image id, polled (a waiter cancelled meanwhile holds nothing)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(0.2)
     except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 def _alive(pid: int) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import sys
 from pathlib import Path
 
 from ..images.docker_roots import DockerRef, DockerRoot, DockerRoots, is_docker_ref
@@ -88,10 +90,16 @@ class BaseImages:
 
 def _place_docker(pool_root: Path, root: DockerRoot) -> PreparedImage:
     """A Docker image's cached root in the pool, as a declared image (its /usr bound from the cache), carrying the
-    image's configuration. The workspace host runs on the image's Python 3.11 standard library, as it does on a
-    declared image's: an image without it is refused here, by name, rather than failing at a lazy import."""
-    if not (root.root / "usr" / "lib" / "python3.11").is_dir():
-        raise ImageError(f"docker:{root.ref}: no /usr/lib/python3.11 in the image: the workspace host runs on the "
-                         f"image's Python 3.11 (Debian 12's python3), which this image lacks")
+    image's configuration. What a workspace needs of its image is checked here, by name, rather than failing at its
+    first command or a lazy import: /bin/sh (agent commands run in it) and, when the runtime's interpreter lives
+    under /usr (Debian's python3), that Python's standard library, which the host then imports from the image."""
+    missing = [] if (root.root / "bin" / "sh").exists() or (root.root / "usr" / "bin" / "sh").exists() else [
+        "/bin/sh (agent commands run in it)"]
+    stdlib = f"usr/lib/python{sys.version_info.major}.{sys.version_info.minor}"
+    if os.path.realpath(sys.base_prefix).startswith("/usr") and not (root.root / stdlib).is_dir():
+        missing.append(f"/{stdlib} (the workspace host runs on the image's Python {sys.version_info.major}."
+                       f"{sys.version_info.minor}: Debian 12's python3)")
+    if missing:
+        raise ImageError(f"docker:{root.ref}: the image lacks {' and '.join(missing)}")
     placed = place_root(pool_root, root.root, key=f"docker-{root.image_id[:16]}", label=f"docker:{root.ref}")
     return dataclasses.replace(placed, config=root.config)
