@@ -508,6 +508,9 @@ def run(args: argparse.Namespace) -> int:
         from .bench import epoch as bench_epoch
 
         return bench_epoch.command(args)
+    if args.command in ("eval", "replay") and args.runtime == "docker" and args.backend != "cow":
+        raise CommandError(f"bunshin {args.command}: --runtime docker forks its own way (a fresh container from the "
+                           f"committed files, the app's state restored): drop --backend {args.backend}")
     if args.command == "eval":
         from bunshin.policies.registry import make_policy
 
@@ -534,7 +537,8 @@ def run(args: argparse.Namespace) -> int:
                                                   concurrency=args.concurrency, memory_budget=args.memory_budget,
                                                   backend=args.backend, seed=args.seed, max_steps=args.max_steps,
                                                   prefix=prefix, speculation=speculation, ray_address=address,
-                                                  warm_pool=args.warm_pool, image=args.image))
+                                                  warm_pool=args.warm_pool, image=args.image,
+                                                  runtime_kind=args.runtime))
         except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
             raise CommandError(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
@@ -556,7 +560,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{' '.join(f'{k}={v}' for k, v in sorted(recorded.items()))}", file=sys.stderr)
         args.set = list(recorded.items()) + list(args.set)
         report = event_loop.run(run_replay(make_suite(args), args.trajectories, backend=args.backend,
-                                           concurrency=args.concurrency, image=args.image))
+                                           concurrency=args.concurrency, image=args.image,
+                                           runtime_kind=args.runtime))
         print(json.dumps({k: v for k, v in report.items() if k != "differences"}))
         if args.json:
             write_json(args.json, report)

@@ -76,7 +76,7 @@ class RolloutEngine:
                  limits: Limits | None = None, state_dir: str | Path | None = None, meter_interval_s: float = 0.25,
                  memory_detail_s: float | None = None, prefix: PrefixSettings | None = None,
                  speculation: SpecSettings | None = None, runtime: Any = None, warm_pool: int | None = None,
-                 image: str | None = None):
+                 image: str | None = None, runtime_kind: str = "native"):
         """``runtime``: the workspaces' runtime, made by the caller (``bunshin.envs.memory_workspace.MemoryRuntime``
         runs an engine without root); its own settings then stand instead of ``backend``, ``limits`` and
         ``state_dir`` (default: a ``WorkspaceRuntime`` made from those). ``prefix``: serve tool calls from a prefix tree of workspace snapshots (``engine/prefix``; None: execute
@@ -91,10 +91,14 @@ class RolloutEngine:
         its own), within ``memory_budget`` (None: the pool's own
         default). The slots are the run's memory: every figure of the run includes them. ``image``: the image every
         workspace stands on instead of the suite's (a directory, a tarball, or ``docker:NAME[:TAG]``, a local
-        Docker image; ``WorkspaceRuntime``'s)."""
+        Docker image; ``WorkspaceRuntime``'s). ``runtime_kind="docker"``: every workspace a Docker container, forked
+        by a fresh container from the committed files plus the app's state restored (``WorkspaceRuntime``'s
+        ``runtime``); the backend is then ``docker``."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        self.forks_live = forks_live(suite.forks_live, backend)  # a desktop does on the tree fork
+        if runtime_kind == "docker":
+            backend = "docker"  # a fresh container and a restore: as "live" as the suite's own forks are
+        self.forks_live = suite.forks_live if backend == "docker" else forks_live(suite.forks_live, backend)
         self._exclusive = asyncio.Lock()  # held by the group running, when the suite's groups must not overlap
         if not self.forks_live and (prefix is not None or speculation is not None):
             raise NeedsLiveFork(suite.name, "the prefix cache" if prefix is not None else "speculation")
@@ -113,6 +117,9 @@ class RolloutEngine:
             kwargs["state_dir"] = Path(state_dir)
         if image is not None:
             kwargs["image"] = image
+        if runtime_kind != "native":
+            kwargs["runtime"] = runtime_kind
+            kwargs.pop("backend")
         if warm_pool is not None and warm_pool < 0:
             raise ValueError(f"warm_pool is a count of slots, got {warm_pool}")
         kwargs.update(warm_pool=min(concurrency, WARM_POOL) if warm_pool is None else warm_pool,

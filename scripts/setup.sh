@@ -12,6 +12,8 @@
 #                                   `browsergym`), Debian's Chromium for its browser (docs/browsergym.md), and
 #                                   libwebarena 0.0.4 for WebArena's task file (its data only; docs/webarena.md)
 #   ./scripts/setup.sh --all-images every declared workspace image (the tests use each), not only the main job's
+#   ./scripts/setup.sh --docker     also Debian's docker.io (dockerd is not started here: the tests start one when
+#                                   none answers and stop it after them; docs/docker.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,13 +21,15 @@ TRAINERS=0
 OSWORLD=0
 BROWSERGYM=0
 IMAGES=base
+DOCKER=0
 for arg in "$@"; do
   case "$arg" in
     --trainers) TRAINERS=1 ;;
     --osworld) OSWORLD=1 ;;
     --browsergym) BROWSERGYM=1 ;;
     --all-images) IMAGES=--all ;;
-    *) echo "setup.sh: unknown option $arg (known: --trainers, --osworld, --browsergym, --all-images)" >&2; exit 2 ;;
+    --docker) DOCKER=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --trainers, --osworld, --browsergym, --all-images, --docker)" >&2; exit 2 ;;
   esac
 done
 STEPS=$((4 + TRAINERS + OSWORLD + BROWSERGYM))
@@ -56,6 +60,8 @@ command -v ps >/dev/null || need+=(procps)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # builds the workspace images from the Debian archive
 # BrowserGym's browser is the user's, on this machine (the workspaces' own Chromium stands on their image)
 [ "$BROWSERGYM" = 1 ] && [ ! -x /usr/lib/chromium/chromium ] && need+=(chromium)
+# Docker's daemon (a docker CLI alone, installed by hand, is not enough: the tests talk to dockerd's socket)
+[ "$DOCKER" = 1 ] && ! command -v dockerd >/dev/null && need+=(docker.io)
 if [ ${#need[@]} -gt 0 ]; then
   say "[1/$STEPS] installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -65,7 +71,7 @@ if [ ${#need[@]} -gt 0 ]; then
   rm -f "$apt_log"
   LOG=""
 else
-  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps, mmdebstrap)"
+  say "[1/$STEPS] system packages present (btrfs-progs, util-linux, iproute2, procps, mmdebstrap$([ "$DOCKER" = 1 ] && echo ', docker.io'))"
 fi
 
 PY=${PYTHON:-python3}

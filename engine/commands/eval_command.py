@@ -113,19 +113,22 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
                    memory_budget: int | None = None, backend: str = "cow", seed: int = 0,
                    max_steps: int = 40, prefix: PrefixSettings | None = None,
                    speculation: SpecSettings | None = None, ray_address: str | None = None,
-                   warm_pool: int | None = None, image: str | None = None) -> dict[str, Any]:
+                   warm_pool: int | None = None, image: str | None = None,
+                   runtime_kind: str = "native") -> dict[str, Any]:
     """``speculation``: speculative tool execution's settings (None: off). ``ray_address``: run the same job on a
     Ray cluster (``engine/cluster``: one agent per node, ``concurrency`` and ``memory_budget`` per node), as
     ``ray.init(address=...)`` takes it. ``warm_pool``: ready browsers per engine (``RolloutEngine``'s; None: its
     default). On a cluster the prefix cache and speculation run on every node, each node with its own cache
     (memory only: ``--cache-dir`` is refused with ``--ray``) and selector; groups go where their task's prefix
     tree is. What it refuses (that, a tasks file naming tasks the suite does not have) is a ``CommandError``."""
-    if ray_address is not None and image is not None:
-        raise CommandError("bunshin eval: --ray: --image is not supported on a cluster yet (each node would need the "
+    if ray_address is not None and (image is not None or runtime_kind != "native"):
+        raise CommandError("bunshin eval: --ray: --image and --runtime are not supported on a cluster yet (each node would need the "
                            "image); drop --image, or run on one host")
     if ray_address is not None and prefix is not None and prefix.cache_dir is not None:
         raise CommandError("bunshin eval: --ray: --cache-dir is not supported on a cluster (each node's prefix cache "
                            "is in its memory); drop --cache-dir, or run on one host")
+    if runtime_kind == "docker":
+        backend = "docker"  # what the summary says forked the workspaces
     out.mkdir(parents=True, exist_ok=True)
     trajectories: list[Trajectory] = []
     encoder = msgspec.json.Encoder()
@@ -138,7 +141,8 @@ async def run_eval(suite: Suite, policy: Policy, out: Path, *, tasks_file: Path 
     else:
         engine_cm = RolloutEngine(suite, policy, backend=backend, concurrency=concurrency,
                                   memory_budget=memory_budget, max_steps=max_steps, prefix=prefix,
-                                  speculation=speculation, warm_pool=warm_pool, image=image)
+                                  speculation=speculation, warm_pool=warm_pool, image=image,
+                                  runtime_kind=runtime_kind)
     async with engine_cm as engine:
         ids = None
         if tasks_file is not None:

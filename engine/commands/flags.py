@@ -159,6 +159,10 @@ def image_argument(parser: argparse.ArgumentParser) -> None:
                         help="every workspace on this image instead of the suite's: a local Docker image "
                              "(docker:NAME[:TAG]; its files are taken once per image id and forked live like "
                              "any other, docs/docker.md), or a root file system's directory or tarball")
+    parser.add_argument("--runtime", choices=("native", "docker"), default="native",
+                        help="docker: every workspace a Docker container (a fork is a fresh container from the "
+                             "source's committed files with its app's state restored, not a live fork; "
+                             "--backend is then ignored; docs/docker.md)")
 
 
 def with_time_scale(args: argparse.Namespace, time_scale: float) -> None:

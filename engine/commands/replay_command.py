@@ -39,7 +39,7 @@ def recorded_knobs(path: Path, given: Iterable[str]) -> dict[str, Any]:
 
 
 async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurrency: int = 8,
-                     image: str | None = None) -> dict[str, Any]:
+                     image: str | None = None, runtime_kind: str = "native") -> dict[str, Any]:
     """Re-execute recorded trajectories in fresh workspaces; compare observations and rewards step by step."""
     from bunshin.policies.replay import ReplayPolicy
 
@@ -52,7 +52,8 @@ async def run_replay(suite: Suite, path: Path, *, backend: str = "cow", concurre
             size = sum(1 for u in recorded if u.group_id == t.group_id)
             requests.append(RolloutRequest(task=TaskSpec(suite=t.suite, task_id=t.task_id), group_size=size,
                                            seed=t.run_seed, group_id=t.group_id))
-    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, image=image) as engine:
+    async with RolloutEngine(suite, policy, backend=backend, concurrency=concurrency, image=image,
+                             runtime_kind=runtime_kind) as engine:
         replayed = {(r.trajectory.group_id, r.trajectory.sample): r.trajectory
                     for r in await engine.run(requests)}
     same_obs = same_reward = 0

@@ -138,6 +138,9 @@ class Agents:
         """
         init, self.init_pid = self.init_pid, None
         self.close_namespace_fd()
+        if not self.namespace and not self.cgroup_fds:  # a container host's: every process of the agent's uid
+            signal_agent_uid(signal.SIGKILL, until_gone=True)
+            return
         if not self.namespace:  # whatever is in the agents' cgroup (a tree-fork clone's too: its source's jobs)
             kill_by_fds(self.cgroup_fds, self.group)
             return
@@ -179,10 +182,15 @@ class Agents:
     def freeze(self) -> None:
         """Freeze the agents (background jobs must not write while the files are snapshotted). A caller that saw
         ``running`` thaws with ``thaw()`` even when this raised: a freeze that timed out half-froze."""
-        if self.running:
+        if self.running and not self.cgroup_fds:  # a container host's agents: stopped, found by their uid
+            signal_agent_uid(signal.SIGSTOP)
+        elif self.running:
             freeze_by_fds(self.cgroup_fds, self.group, True)
 
     def thaw(self) -> None:
+        if not self.cgroup_fds:
+            signal_agent_uid(signal.SIGCONT)
+            return
         freeze_by_fds(self.cgroup_fds, self.group, False)
 
     def become_clones(self, cgroup_rel: str) -> None:
@@ -190,6 +198,43 @@ class Agents:
         self.close_namespace_fd()
         self.init_pid = None
         self.group = f"{cgroup_rel}/{AGENT_GROUP}"
+
+
+def agent_uid_pids() -> list[int]:
+    """Every process whose real uid is the agent's (a container host's view of its agents: no cgroup of its own;
+    an agent cannot change its uid: no capabilities, no new privileges)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    uid = next(line for line in f if line.startswith("Uid:")).split()[1]
+            except (OSError, StopIteration):
+                continue
+            if int(uid) == image.AGENT_UID:
+                found.append(int(entry.name))
+    return found
+
+
+def signal_agent_uid(signum: int, until_gone: bool = False, timeout_s: float = 10.0) -> None:
+    """Send ``signum`` to every agent process; ``until_gone``: again (a fork meanwhile is caught on the next pass)
+    until none is left, reaping those that are our children. ``TimeoutError`` if some remain after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = agent_uid_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        if not until_gone:
+            return
+        for pid in pids:  # ours once their parents died (we are pid 1): their zombies would be listed forever
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"agent processes {pids[:10]} still alive after {timeout_s:g} s")
+        time.sleep(0.005)
 
 
 def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bool]:

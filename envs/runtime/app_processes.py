@@ -107,11 +107,13 @@ class AppProcesses:
     docstring), each in a cgroup below ``cgroup_rel`` in each hierarchy of ``cgroup_fds``."""
 
     def __init__(self, own_pidns_fd: int, private_fds: Callable[[], list[int]], cgroup_fds: list[int] | None = None,
-                 cgroup_rel: str = ""):
+                 cgroup_rel: str = "", refuse: str = ""):
+        """``refuse``: why this workspace starts none (``start`` raises ToolError saying so)."""
         self.own_pidns_fd = own_pidns_fd  # the hosts' PID namespace, to come back to after starting one
         self.private_fds = private_fds
         self.flat = own_pidns_fd < 0
-        if self.flat and not (cgroup_fds and cgroup_rel):
+        self.refuse = refuse
+        if self.flat and not refuse and not (cgroup_fds and cgroup_rel):
             raise ValueError("flat application processes need the workspace's cgroup")
         self.cgroup_fds, self.cgroup_rel = tuple(cgroup_fds or ()), cgroup_rel
         self.started = 0  # how many were started: each flat one's cgroup is named by its number
@@ -124,6 +126,8 @@ class AppProcesses:
         mounted empty and owned by the agent in the process's mount namespace (created if missing);
         ``merge_memory``: KSM may merge its pages (``PR_SET_MEMORY_MERGE``, inherited by what it starts).
         Its output goes to an anonymous file of the host's (``AppProcess.log_tail``), never to an observation."""
+        if self.refuse:
+            raise ToolError(f"{name}: {self.refuse}")
         if not argv or not os.path.isabs(argv[0]):
             raise ToolError(f"an application process needs an absolute program path, got {argv[:1]!r}")
         given = dict(fds or {})

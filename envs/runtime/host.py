@@ -8,8 +8,9 @@ checkpoint and restore of the private-restore baseline are ``fork/checkpoint.py`
 Must never: let an agent command inherit a descriptor of ours, run after the engine has died, or stop serving
 because of one bad request.
 
-Run as ``python -m bunshin.envs.runtime.host --channel FD --pool FD --cgroups FD[,FD...]``; the first frame on
-the channel is a HostConfig.
+Run as ``python -m bunshin.envs.runtime.host --channel FD --pool FD --cgroups FD[,FD...]``, or in a Docker
+container as ``... --container DIR`` (it connects to ``DIR/io/host.sock`` and keeps dumps in ``DIR/dumps``); the
+first frame on the channel is a HostConfig.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import socket
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,7 +34,7 @@ import msgspec
 from ..app import AppContext, ToolError, WorkspaceApp
 from ..records import Observation
 from ..seeds import derive_seed
-from . import namespaces, rootfs, syscalls, workers
+from . import image, namespaces, rootfs, syscalls, workers
 from .agents import Agents
 from .app_processes import AppProcesses
 from .cgroups import join_by_fds
@@ -76,14 +78,17 @@ class Host:
         self.engine_pid = int(os.readlink("/proc/self"))  # as the engine sees it (pid 1 in a tree-fork host's own)
         self.pool_path_fd = pool_fd  # O_PATH, keeps the detached pool mount alive
         # the engine's PID namespace, shared by every host (a tree-fork host's own is for it and its agents only)
-        self.own_pidns_fd = -1 if config.tree else namespaces.open_ns("pid")
+        self.own_pidns_fd = -1 if config.tree or config.container else namespaces.open_ns("pid")
         app_cls = workers.load(config.app.target)
         if not (isinstance(app_cls, type) and issubclass(app_cls, WorkspaceApp)):
             raise TypeError(f"{config.app.target} is not a WorkspaceApp subclass")
         self.state_version = 0
         agents = Agents(cgroup_fds, config.cgroup_rel, self.own_pidns_fd, self._agent_private_fds,
-                        namespace=not config.tree, image_env=config.image_env, image_cwd=config.image_cwd)
-        apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds, cgroup_fds, config.cgroup_rel)
+                        namespace=not (config.tree or config.container), image_env=config.image_env,
+                        image_cwd=config.image_cwd)
+        apps = AppProcesses(self.own_pidns_fd, self._agent_private_fds, cgroup_fds, config.cgroup_rel,
+                            refuse="a workspace under --runtime docker starts no application processes yet"
+                            if config.container else "")
         self.state = ForkState(
             ws_id=config.ws_id, frozen=False, sock=sock,
             pool_fd=os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pool_fd), layer_fd=-1,
@@ -98,6 +103,9 @@ class Host:
         start = time.monotonic()
         state = self.state
         cfg = state.config
+        if cfg.container:
+            self._build_in_container(start)
+            return
         join_by_fds(state.cgroup_fds, cfg.cgroup_rel)
         if cfg.merge_memory:  # before the app's memory exists: the host, its workers and agents inherit it
             syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
@@ -127,10 +135,27 @@ class Host:
         state.fault("start.after_setup")
         state.reply(Ready(ws_id=state.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - start))
 
+    def _build_in_container(self, start: float) -> None:
+        """In a Docker container: its namespaces, root, cgroup and network are the daemon's; the app is set up (or
+        restored) in place."""
+        state, cfg = self.state, self.state.config
+        if cfg.merge_memory:
+            syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
+        with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(HOST_OOM_SCORE_ADJ))
+        os.chdir("/")
+        image.add_agent_user(Path("/"))  # a Docker image knows no agent user (a clone's committed files have it)
+        if cfg.restore_from is not None:
+            checkpoint.restore_app(state, cfg.restore_from, cfg.restore_workers)
+        else:
+            state.app.setup(state.ctx)
+        state.fault("start.after_setup")
+        state.reply(Ready(ws_id=state.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - start))
+
     # -- serving ----------------------------------------------------------------------------------------------
     def serve(self) -> None:
         while True:
-            if self.state.config.tree:  # pid 1: orphaned background jobs are ours to reap
+            if self.state.config.tree or self.state.config.container:  # pid 1: orphans are ours to reap
                 self.state.agents.reap_orphans(keep=tuple(w.pid for w in self.state.workers))
             try:
                 body, fds = recv_frame(self.state.sock)
@@ -294,6 +319,14 @@ def _tree_numbers(sock: socket.socket, pool: int, cgroups: list[int]) -> tuple[s
     return channel, TREE_POOL_FD, wanted[2:]
 
 
+def _container_channel(directory: str) -> tuple[int, int, list[int]]:
+    """A container host's channel (connected to the engine's socket in the bound directory) and its pool: the
+    directory, where the dumps are."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.path.join(directory, "io", "host.sock"))
+    return sock.detach(), os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), []
+
+
 def _descriptors(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -314,9 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     """The host process: its descriptors come from the nursery; it dies with it (parent-death signal)."""
     parser = argparse.ArgumentParser(prog="bunshin.envs.runtime.host", description=__doc__)
     for flag, kind in (("--channel", int), ("--pool", int), ("--cgroups", _descriptors)):
-        parser.add_argument(flag, type=kind, required=True)
+        parser.add_argument(flag, type=kind)
+    parser.add_argument("--container", default=None, help="the bound directory of a host in a Docker container")
     args = parser.parse_args(argv)
-    syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if args.container is not None:
+        args.channel, args.pool, args.cgroups = _container_channel(args.container)
+    elif None in (args.channel, args.pool, args.cgroups):
+        parser.error("--channel, --pool and --cgroups are required (or --container)")
+    else:
+        syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
     for pool in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before an app imports numpy: a
         os.environ.setdefault(pool, "1")  # host runs one thread (a BLAS pool would make it fork in two steps)
     fork_friendly_malloc()
@@ -324,11 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     sock.setblocking(True)
     body, _ = recv_frame(sock)
     config = config_decoder.decode(body)
+    if config.container != (args.container is not None):
+        return 73
+    # a container host is pid 1 of its container, with no parent to check: the engine dies, its channel closes,
+    # and the host ends
     if config.tree:  # pid 1 of its own namespace: its parent is outside it (getppid() says 0)
         if not _parent_is(config.reaper_pid):
             return 73
         sock, args.pool, args.cgroups = _tree_numbers(sock, args.pool, args.cgroups)
-    elif os.getppid() != config.reaper_pid:
+    elif not config.container and os.getppid() != config.reaper_pid:
         return 73
     try:
         host = Host(sock, args.pool, args.cgroups, config)

@@ -93,7 +93,7 @@ def build_default_image(pool_root: Path, name: str = "image-host") -> PreparedIm
     etc = root / "etc"
     (etc / "passwd").write_text("")
     (etc / "group").write_text("")
-    _add_agent(root)
+    add_agent_user(root)
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").write_text("")
     (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
@@ -143,12 +143,12 @@ def place_root(pool_root: Path, root: Path, *, key: str, label: str) -> Prepared
     (etc / "resolv.conf").write_text("")  # workspaces have no network beyond their own loopback
     # D-Bus refuses to start without a machine id; one per image, the same in every run and on every host
     (etc / "machine-id").write_text(hashlib.sha256(key.encode()).hexdigest()[:32] + "\n")
-    _add_agent(dest)
+    add_agent_user(dest)
     binds = (Bind("/usr", source=str(root / "usr")),) if (root / "usr").is_dir() else ()
     return PreparedImage(name=name, lower=name, binds=binds)
 
 
-def _add_agent(root: Path) -> None:
+def add_agent_user(root: Path) -> None:
     """The agent's user and group (uid and gid AGENT_UID), root's and nobody's where missing, and its home."""
     etc = root / "etc"
     for file, lines in (("passwd", (("root", "root:x:0:0:root:/root:/bin/bash"),

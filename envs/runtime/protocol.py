@@ -51,6 +51,9 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True, tag="config"):
     # the pool's mount point, as the engine sees it: a tree-fork host names its layers through it (a kernel as old
     # as Debian 12's 6.1 takes no overlay upper layer on a detached mount, which the pool descriptor is)
     pool_path: str = ""
+    # a host in a Docker container (``docker_hosts.py``): pid 1 of the container, which is its isolation (no
+    # namespaces, mounts or cgroups of its own to make); its agents are found by their uid, not a cgroup
+    container: bool = False
     # a Docker image's ``Env`` and ``WorkingDir`` for agent commands (``agents.py``; empty: the workspace's own)
     image_env: dict[str, str] = {}
     image_cwd: str = ""

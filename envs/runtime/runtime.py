@@ -16,17 +16,20 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import HostUnsupported
-from ..images.docker_roots import DockerRef, DockerRoots, is_docker_ref
+from ..images.docker_roots import DEFAULT_SOCKET, DockerRef, DockerRoots, is_docker_ref
 from ..images.store import ImageStore
 from ..records import AppSpec, Limits, MemoryStats
 from . import await_points, image_files
 from .base_images import BaseImages
 from .cgroups import Cgroup, CgroupLayout
 from .cleanup import engine_record, register, registered_live_runs, remove_stale_runs, unregister
+from .docker_hosts import DockerHosts, remove_stale
+from .docker_images import DockerImages
 from .fast_moves import FastMoves
+from .fork.docker import DockerCommitFork
 from .fork.registry import check_backend, make_backend
 from .host_workspace import HostWorkspace
 from .hosts import Hosts, RunResources
@@ -39,6 +42,7 @@ from .shells import DEFAULT_SHELLS
 from .task_scope import run_to_end
 from .warm_pool import DEFAULT_SIZE, PoolStats
 
+RUNTIMES = ("native", "docker")
 DEFAULT_STATE_DIR = Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
 START_TIMEOUT_S = 60.0
 
@@ -52,7 +56,7 @@ class WorkspaceRuntime:
                  warm_budget_bytes: int | None = None, ksm: KsmTuning | None = None,
                  image_store: ImageStore | None = None, fast_cgroup_moves: bool = True,
                  one_step_clones: bool = True, prepared_shells: int = DEFAULT_SHELLS,
-                 docker_roots: DockerRoots | None = None):
+                 docker_roots: DockerRoots | None = None, runtime: str = "native", docker_address: str | None = None):
         """``start_timeout_s``: how long a new host (a create, a clone, a restore) may take to report ready; an
         engine starting many at once on few cores raises it. ``warm_pool``: ready slots kept per warm app (the
         browsers of Chromium workspaces' live clones, ``warm_pool.py``; 0: every clone starts its own) within
@@ -65,11 +69,22 @@ class WorkspaceRuntime:
         ``fast_cgroup_moves``: put the kernel in its favordynmods mode for the run (``fast_moves.py``; False: leave
         the kernel's mode as it is). ``one_step_clones``: a live clone is forked in one step where it can be
         (``fork/sibling.py``; False: the double fork, for comparison). ``prepared_shells``: live clones' cgroups
-        and namespaces kept ready within the warm pool's budget (``shells.py``; 0: every fork makes its own)."""
-        self.backend_name = check_backend(backend)
+        and namespaces kept ready within the warm pool's budget (``shells.py``; 0: every fork makes its own).
+        ``runtime="docker"``: every workspace a Docker container on the daemon at ``docker_address`` (default: the
+        local socket), forked by a fresh container from the source's committed files with its app's state restored
+        (``docker_hosts.py``, ``fork/docker.py``); its image a Docker image (``image="docker:NAME"``, or the app's
+        declared image imported into the daemon); ``backend`` is then ``docker``."""
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
+        self.runtime_kind = runtime
+        self.docker_address = docker_address or DEFAULT_SOCKET
+        self.backend_name = "docker" if runtime == "docker" else check_backend(backend)
         self.image_source: Path | DockerRef | None = (
             DockerRef.parse(str(image)) if is_docker_ref(str(image)) else Path(image)) if image else None
         self.docker_roots = docker_roots
+        if runtime == "docker" and self.image_source is not None and not isinstance(self.image_source, DockerRef):
+            raise ValueError(f"under the docker runtime a workspace's image is a Docker image (docker:NAME), "
+                             f"not {image}")
         self.image_store = image_store
         self.limits = limits or Limits()
         self.seed = seed
@@ -114,6 +129,8 @@ class WorkspaceRuntime:
     async def start(self) -> None:
         if os.geteuid() != 0:
             raise HostUnsupported("the workspace runtime needs root (namespaces, mounts, cgroups)")
+        if self.runtime_kind == "docker":  # a dead run's containers first: their processes are in its cgroups
+            await remove_stale(self.docker_address, await asyncio.to_thread(registered_live_runs))
         await asyncio.to_thread(remove_stale_runs, self.state_dir)
         # The run directory appears with its engine.json already inside, so a second engine starting at the same
         # moment never sees it half-made (and so dead).
@@ -135,7 +152,8 @@ class WorkspaceRuntime:
             self.cgroup = Cgroup(self.layout, f"bunshin-{self.run_id}").create(delegate=True)
             self.layers = await asyncio.to_thread(LayerStore.create_pool, self.run_dir)
             self.images = BaseImages(self.layers.root, self.image_source, self.image_store, self.docker_roots)
-            if self.image_source is not None:  # a user's image is checked (and copied) before the first workspace
+            if self.image_source is not None and self.runtime_kind == "native":  # a user's image is checked (and
+                # copied) before the first workspace
                 await self.images.for_app(AppSpec())
             self.pool_fd = self.layers.open_detached()
             self.cgroup_fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) for d in self.cgroup.dirs()]
@@ -145,7 +163,15 @@ class WorkspaceRuntime:
                                pool_fd=self.pool_fd, cgroup_fds=self.cgroup_fds, warm_pool=self.warm_pool,
                                warm_budget_bytes=self.warm_budget_bytes, ksm=self.ksm,
                                one_step_clones=self.one_step_clones, shells=self.prepared_shells)
-            self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
+            if self.runtime_kind == "docker":
+                given = self.image_source if isinstance(self.image_source, DockerRef) else None
+                docker = DockerHosts(run, lambda hosts: DockerCommitFork(cast(DockerHosts, hosts)),
+                                     DockerImages(self.docker_address, given, self.image_store), self.run_id,
+                                     self.docker_address)
+                self.hosts = docker
+                await docker.open()
+            else:
+                self.hosts = Hosts(run, lambda hosts: make_backend(self.backend_name, hosts))
         except BaseException:
             await self.close()
             raise
@@ -209,6 +235,8 @@ class WorkspaceRuntime:
         """Build a new workspace from the image and start its application."""
         hosts = self._hosts()
         ws_id = hosts.new_id()
+        if isinstance(hosts, DockerHosts):  # a container: its files are its image's and its own writable layer
+            return await hosts.start(ws_id, "", app or AppSpec(), seed=seed, hostname=hostname)
         layer = f"ws-{ws_id}"
         await await_points.reached("runtime.create.layer")
         await run_to_end(asyncio.to_thread(self.layers.create, layer),  # the thread runs on even if we are cancelled

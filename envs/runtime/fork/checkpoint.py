@@ -43,7 +43,8 @@ def write(state: ForkState, path: str, layer: str) -> Reply:
         app_state = state.app.checkpoint()
         parts = app_state if isinstance(app_state, list) else [app_state]
         written += checkpoint_file.write(state.pool_fd, path, parts)
-        snapshot_at(state.pool_fd, state.layer_fd, layer, readonly=True)
+        if state.layer_fd >= 0:  # a container host's files are its container's, which the engine commits
+            snapshot_at(state.pool_fd, state.layer_fd, layer, readonly=True)
     finally:
         if agents:
             state.agents.thaw()

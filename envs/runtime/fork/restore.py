@@ -58,9 +58,8 @@ class PrivateRestore(AllOrNothingFork):
         started = time.monotonic()
         dump, made = await self._dump_of(source)
         clone_id = hosts.new_id()
-        layer = f"ws-{clone_id}"
         try:
-            await asyncio.to_thread(hosts.layers.snapshot, dump.layer, layer)
+            layer = await self._clone_files(dump, clone_id)
             clone = await hosts.start(clone_id, layer, source.app_spec, seed=clone_seed(source, seed),
                                       hostname=None, restore_from=dump.path, restore_workers=dump.workers,
                                       parent=source.id, generation=source.generation + 1,
@@ -72,6 +71,20 @@ class PrivateRestore(AllOrNothingFork):
         clone.last_fork = ForkTiming(freeze_s=dump.freeze_s if made else 0.0, ready_s=time.monotonic() - started,
                                      dump_reused=not made)
         return clone
+
+    async def _clone_files(self, dump: Dump, clone_id: str) -> str:
+        """The clone's files from the dump's: its layer, a snapshot of the dump's (what ``Hosts.start`` takes)."""
+        layer = f"ws-{clone_id}"
+        await asyncio.to_thread(self.hosts.layers.snapshot, dump.layer, layer)
+        return layer
+
+    async def _files_taken(self, source: HostWorkspace, dump: Dump) -> None:
+        """After the source's host wrote the dump: its files are taken too (here the host snapshotted its layer
+        beside the dump, in the same request)."""
+
+    async def _discard_dump(self, dump: Dump) -> None:
+        """Remove the dump's images and files (``_remove``), finishing under cancellation."""
+        await asyncio.shield(asyncio.to_thread(self._remove, dump))
 
     async def _dump_of(self, source: HostWorkspace) -> tuple[Dump, bool]:
         """The dump of the source's current state, held for reading (``_release`` it), and whether this call
@@ -101,15 +114,16 @@ class PrivateRestore(AllOrNothingFork):
     async def _release(self, dump: Dump) -> None:
         dump.readers -= 1
         if dump.retired and dump.readers == 0:
-            await asyncio.shield(asyncio.to_thread(self._remove, dump))
+            await self._discard_dump(dump)
 
     async def _write(self, source: HostWorkspace, dump: Dump) -> Dump:
         try:
             await await_points.reached("fork.restore.checkpoint")
             reply = await source.request(Checkpoint(path=dump.path, layer=dump.layer))
             done = source.expect(reply, Checkpointed)
+            await self._files_taken(source, dump)
         except BaseException as exc:
-            await asyncio.shield(asyncio.to_thread(self._remove, dump))
+            await self._discard_dump(dump)
             if isinstance(exc, RequestRefused):
                 raise ForkFailed(source.id, f"dump of {source.id} failed: {exc.detail}") from exc
             raise
@@ -127,7 +141,7 @@ class PrivateRestore(AllOrNothingFork):
         """No fork will read ``dump`` again; it goes when the last reader releases it."""
         dump.retired = True
         if dump.readers == 0:
-            await asyncio.shield(asyncio.to_thread(self._remove, dump))
+            await self._discard_dump(dump)
 
     def _remove(self, dump: Dump) -> None:
         """Delete the dump's images (the host's and every worker's it wrote, even if the dump failed midway) and its
@@ -135,6 +149,11 @@ class PrivateRestore(AllOrNothingFork):
         if dump.removed:
             return
         dump.removed = True
+        self._remove_images(dump)
+        self.hosts.layers.delete(dump.layer)
+
+    def _remove_images(self, dump: Dump) -> None:
+        """Delete the dump's process images in the dumps tmpfs. Blocking."""
         images = self.hosts.layers.path(DUMPS)
         stem = os.path.basename(dump.path)
         workers = worker_path(stem, 0).removesuffix("0")  # "<stem>.w": every worker image's prefix
@@ -142,4 +161,3 @@ class PrivateRestore(AllOrNothingFork):
             if name == stem or name.startswith(workers):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(images / name)
-        self.hosts.layers.delete(dump.layer)
