@@ -5,6 +5,7 @@ test that starts one, a loop watchdog on every async test, every async test on b
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import faulthandler
 import os
 import tempfile
@@ -316,4 +317,6 @@ def base_docker_ref(docker_daemon: str) -> str:
     from bunshin.envs.images.recipes import recipe
     from bunshin.envs.images.store import ImageStore
 
-    return str(asyncio.run(import_declared(ImageStore().require(recipe("base")), address=docker_daemon)))
+    built = ImageStore().require(recipe("base"))
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:  # an async fixture may ask for it, inside a loop
+        return str(thread.submit(lambda: asyncio.run(import_declared(built, address=docker_daemon))).result())

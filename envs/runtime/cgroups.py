@@ -218,6 +218,18 @@ class Cgroup:
         return sum(_counter(g / name, key) for g in groups)
 
 
+def remove_in_every_hierarchy(name: str, timeout: float = 10.0) -> None:
+    """Remove the group ``name`` and its descendants, which hold no process any more, from every mounted hierarchy,
+    those this project does not use too: Docker makes a container's parent group in each of them."""
+    base = Path("/sys/fs/cgroup")
+    for root in [base, *sorted(p for p in base.iterdir() if p.is_dir())] if base.is_dir() else []:
+        group = root / name
+        if group.is_dir() and group != root:
+            for sub in _subgroups(group, deepest_first=True):
+                _rmdir_retry(sub, timeout)
+            _rmdir_retry(group, timeout)
+
+
 def _subgroups(group: Path, deepest_first: bool = False) -> list[Path]:
     """The groups below ``group`` (none if it is gone). Another engine may be removing the same tree (two runs
     cleaning up one dead run): directories vanishing while we walk are simply not there."""

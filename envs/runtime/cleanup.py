@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import ksm, syscalls
-from .cgroups import Cgroup, CgroupLayout, CgroupUnavailable
+from .cgroups import Cgroup, CgroupLayout, CgroupUnavailable, remove_in_every_hierarchy
 
 
 def process_start_time(pid: int) -> int | None:
@@ -116,6 +116,7 @@ def remove_stale_runs(state_dir: Path) -> list[str]:
             # re-read the registry: an engine may have registered (then made its cgroups) since ``live`` was read
             if run_id not in live and run_id not in registered_live_runs():
                 Cgroup(layout, name).remove()
+                remove_in_every_hierarchy(name)  # a Docker run's: its containers' parents in the other ones
                 removed.append(f"cgroup {name}")
     mounts = _mount_points()
     for run_dir in dead:

@@ -34,7 +34,7 @@ from ..images.docker_roots import DockerError, docker_client, translate
 from ..records import AppSpec
 from ..seeds import derive_seed
 from . import await_points
-from .cgroups import Cgroup
+from .cgroups import Cgroup, remove_in_every_hierarchy
 from .channel import async_send_frame
 from .docker_images import DockerImages
 from .egress import parse_allow
@@ -78,6 +78,15 @@ class ContainerWorkspace(HostWorkspace):
     container_id: str = ""
     image_ref: str = ""  # the Docker image it started from
 
+    async def _death_reason(self) -> str:
+        """Why the host went away, the daemon's word on an OOM kill beside it: the container's cgroup, where the
+        counter was, is gone with the container."""
+        reason = await super()._death_reason()
+        services = self.services
+        if isinstance(services, DockerHosts) and "memory limit" not in reason and await services.oom_killed(self):
+            return f"{reason}; memory limit: the OOM killer ran in the workspace"
+        return reason
+
 
 class ContainerSnapshot(HostSnapshot, ContainerWorkspace):
     """A frozen container workspace: its host restored, answering only forks."""
@@ -111,6 +120,8 @@ class DockerHosts(Hosts):
     async def aclose(self) -> None:
         try:
             await super().aclose()
+            # the containers' parent, which Docker made in every hierarchy (ours too): empty now
+            await asyncio.to_thread(remove_in_every_hierarchy, self.run.cgroup.rel)
         finally:
             if self.client is not None:
                 with contextlib.suppress(Exception):
@@ -191,7 +202,8 @@ class DockerHosts(Hosts):
         }
         body = {"Image": image_ref, "Entrypoint": ["/bin/sh", "-c", entry_script(config.runtime_binds)], "Cmd": [],
                 "Hostname": config.hostname, "User": "0:0", "WorkingDir": "/", "NetworkDisabled": True,
-                "Env": ["PYTHONDONTWRITEBYTECODE=1", "PATH=/usr/local/bin:/usr/bin:/bin"],
+                "Env": ["PYTHONDONTWRITEBYTECODE=1", "PATH=/usr/local/bin:/usr/bin:/bin",
+                        *([f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else [])],
                 "Labels": {LABEL: self.run_id, "bunshin.workspace": ws_id}, "HostConfig": host_config}
         try:
             container = await self.client.containers.create(body, name=f"bunshin-{self.run_id}-{ws_id}")
@@ -249,6 +261,14 @@ class DockerHosts(Hosts):
         except Exception:
             return None
         return exit_status(int(answer.get("StatusCode", 0)))
+
+    async def oom_killed(self, ws: HostWorkspace) -> bool:
+        """Whether the daemon says the OOM killer ran in ``ws``'s container."""
+        container_id = self.containers.get(ws.pid, "")
+        try:
+            return bool(container_id) and bool((await self._container(container_id).show())["State"]["OOMKilled"])
+        except Exception:
+            return False
 
     def stop(self, ws: HostWorkspace) -> None:
         """SIGKILL the container's pid 1 (the daemon sees it exit and ends every process of the container)."""

@@ -6,13 +6,15 @@ Owns: the tools ``add``, ``note``, ``get`` (the state), ``draw`` (the seeded str
 context's workspace id and seed, and how many ``after_fork`` hooks ran in this lineage), ``sleep`` (a tool that
 takes its time: for deadlines), ``slow_add`` (an add after a sleep: a call whose caller may be cancelled meanwhile),
 ``fail`` (a ``ToolError``), ``crash`` (any other exception), ``grow`` (state of a given size), and the suite's hidden
-``_setup`` and ``_value``.
+``_setup`` and ``_value``. Its state is checkpointed and restored for forks that restore a dump.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+import msgspec
 
 from bunshin.envs.app import AppContext, Tool, ToolError, WorkspaceApp
 from bunshin.envs.records import Observation
@@ -32,6 +34,17 @@ class CounterApp(WorkspaceApp):
 
     def after_fork(self, ctx: AppContext) -> None:
         self.after_forks += 1
+
+    def checkpoint(self) -> bytes:
+        """The state for a fork that restores (the private-restore backend, ``--runtime docker``)."""
+        return msgspec.msgpack.encode({"value": self.value, "notes": self.notes, "after_forks": self.after_forks,
+                                       "blob": self.blob})
+
+    def restore(self, ctx: AppContext, data: memoryview) -> None:
+        state = msgspec.msgpack.decode(bytes(data))
+        self.ctx = ctx
+        self.value, self.notes, self.after_forks = state["value"], state["notes"], state["after_forks"]
+        self.blob = state["blob"]
 
     def tools(self) -> dict[str, Tool]:
         return {"add": self._add, "note": self._note, "get": self._get, "draw": self._draw, "whoami": self._whoami,
