@@ -256,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     sharing.add_argument("--json", type=Path, help="write results as JSON here")
     sharing.add_argument("--plot", type=Path, help="write a PNG plot here")
 
+    from .bench import docker as bench_docker
+
+    docker = bench_sub.add_parser("docker", help="workspaces from a Docker image: our live fork on it against "
+                                                 "Docker as the runtime (fresh container + restore), +- KSM")
+    bench_docker.add_arguments(docker)
+
     from .bench import graft as bench_graft
 
     graft = bench_sub.add_parser("graft", help="the kernel module's graft against fork() of the same source, in "
@@ -487,6 +493,10 @@ def run(args: argparse.Namespace) -> int:
         return event_loop.run(bench_sharing.main(
             make_suite(args), policy, args.steps, samples=args.samples, template=args.template,
             per_template=args.tasks_per_template, seed=args.seed, json_path=args.json, plot_path=args.plot))
+    if args.command == "bench" and args.bench == "docker":
+        from .bench import docker as bench_docker
+
+        return bench_docker.command(args)
     if args.command == "bench" and args.bench == "graft":
         from .bench import graft as bench_graft
 

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -240,55 +241,48 @@ class DockerRoots:
 
     async def _untar(self, client: Any, container_id: str, dest: Path, ref: DockerRef, progress: Progress) -> int:
         """Stream the container's export into ``tar -x`` (numeric owners, modes, devices kept); the bytes read.
-        tar's messages are read as they come (one per file once the disk is full: unread, they would fill the
-        pipe and stop tar reading its input)."""
-        tar = await asyncio.create_subprocess_exec(
-            "tar", "--numeric-owner", "-xpf", "-", "-C", str(dest), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        assert tar.stdin is not None and tar.stderr is not None
-        messages = asyncio.ensure_future(_first_lines(tar.stderr))
-        total, told = 0, 0
-        try:
+        tar's messages go to a file (one per file once the disk is full: in a pipe nobody reads meanwhile they
+        would fill it and stop tar reading its input)."""
+        with tempfile.TemporaryFile() as messages:
+            tar = await asyncio.create_subprocess_exec(
+                "tar", "--numeric-owner", "-xpf", "-", "-C", str(dest), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL, stderr=messages)
+            assert tar.stdin is not None
+            total, told = 0, 0
             try:
-                async with client._query(f"containers/{container_id}/export", "GET", timeout=None) as response:
-                    async for chunk in response.content.iter_chunked(_CHUNK):
-                        tar.stdin.write(chunk)
-                        await tar.stdin.drain()
-                        total += len(chunk)
-                        if total - told >= _PROGRESS_EVERY:
-                            told = total
-                            progress(f"{ref}: {total / 2**20:.0f} MiB extracted")
-                tar.stdin.close()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # tar stopped reading: its status and message say why
-            except Exception as exc:
-                raise DockerImportFailed(f"{ref}: reading the image's files from the daemon failed: "
-                                         f"{translate(exc, ref, self.address)}") from exc
-            if await tar.wait() != 0:
-                lines = await messages
-                raise DockerImportFailed(f"{ref}: extracting its files into {dest.parent} failed: "
-                                         f"{lines[0] if lines else f'tar exit {tar.returncode}'}")
-        finally:
-            if tar.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    tar.kill()
-                await asyncio.shield(tar.wait())
-            messages.cancel()
+                try:
+                    async with client._query(f"containers/{container_id}/export", "GET", timeout=None) as response:
+                        async for chunk in response.content.iter_chunked(_CHUNK):
+                            tar.stdin.write(chunk)
+                            await tar.stdin.drain()
+                            total += len(chunk)
+                            if total - told >= _PROGRESS_EVERY:
+                                told = total
+                                progress(f"{ref}: {total / 2**20:.0f} MiB extracted")
+                    tar.stdin.close()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # tar stopped reading: its status and message say why
+                except Exception as exc:
+                    raise DockerImportFailed(f"{ref}: reading the image's files from the daemon failed: "
+                                             f"{translate(exc, ref, self.address)}") from exc
+                if await tar.wait() != 0:
+                    messages.seek(0)
+                    lines = first_lines(messages.read(1 << 20).decode(errors="replace"))
+                    raise DockerImportFailed(f"{ref}: extracting its files into {dest.parent} failed: "
+                                             f"{lines[0] if lines else f'tar exit {tar.returncode}'}")
+            finally:
+                if tar.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        tar.kill()
+                    await asyncio.shield(tar.wait())
         return total
 
 
-async def _first_lines(stream: asyncio.StreamReader, keep: int = 5) -> list[str]:
-    """The first ``keep`` lines of a child's messages, a full disk's first (whenever it came) ahead of them; the
-    rest read and dropped until the child closes them."""
-    lines: list[str] = []
-    full = ""
-    while line := await stream.readline():
-        text = line.decode(errors="replace").strip()
-        if not full and "No space left on device" in text:
-            full = text
-        if len(lines) < keep:
-            lines.append(text)
-    return [full, *lines] if full else lines
+def first_lines(text: str, keep: int = 5) -> list[str]:
+    """The first ``keep`` lines of a child's messages, a full disk's first (wherever it came) ahead of them."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    full = next((line for line in lines if "No space left on device" in line), "")
+    return [full, *lines[:keep]] if full else lines[:keep]
 
 
 async def import_root(root: Path, name: str, tag: str, *, address: str | None = None, changes: tuple[str, ...] = (),

@@ -146,6 +146,8 @@ class DockerHosts(Hosts):
         if app.egress:
             raise WorkspaceStartFailed(ws_id, "an egress allow-list is not supported under --runtime docker yet")
         image_ref = layer or await self.docker_images.for_app(app)
+        if app.merge_memory and self.run.ksm is not None and not self.run.ksm.held:
+            await asyncio.to_thread(self.run.ksm.take)  # ksmd tuned before the first mergeable program starts
         seed = derive_seed(self.run.seed, ws_id) if seed is None else seed
         io_dir = self.run.run_dir / "io" / ws_id
         config = HostConfig(
@@ -213,27 +215,22 @@ class DockerHosts(Hosts):
 
     async def _accept(self, ws_id: str, listener: socket.socket, container_id: str) -> socket.socket:
         """The host's connection, within the start timeout (a container that exits first fails the start with its
-        output)."""
+        output; asked every half second while none has come)."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.run.start_timeout_s):
-                accept = asyncio.ensure_future(loop.sock_accept(listener))
-                exited = asyncio.ensure_future(self._container(container_id).wait())
-                try:
-                    done, _ = await asyncio.wait({accept, exited}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for task in (accept, exited):
-                        if not task.done():
-                            task.cancel()
-                            with contextlib.suppress(BaseException):
-                                await task
-                if accept in done:
-                    sock, _ = accept.result()
-                    sock.setblocking(False)
-                    return sock
-                output = await self._output(container_id)
-                raise WorkspaceStartFailed(ws_id, f"its container exited before its host connected "
-                                                  f"({exited.result()}){output}")
+                while True:
+                    try:
+                        async with asyncio.timeout(0.5):
+                            sock, _ = await loop.sock_accept(listener)
+                        sock.setblocking(False)
+                        return sock
+                    except TimeoutError:
+                        state = (await self._container(container_id).show())["State"]
+                        if not state.get("Running"):
+                            raise WorkspaceStartFailed(
+                                ws_id, f"its container exited ({state.get('ExitCode')}) before its host connected"
+                                       f"{await self._output(container_id)}") from None
         except TimeoutError as exc:
             raise StartTimeout(ws_id, f"its container's host did not connect within "
                                       f"{self.run.start_timeout_s:g}s") from exc

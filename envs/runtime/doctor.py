@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,21 +58,6 @@ def _read(path: str) -> str | None:
         return Path(path).read_text().strip()
     except OSError:
         return None
-
-
-def _docker() -> Check:
-    sock = "/var/run/docker.sock"
-    if not os.path.exists(sock):
-        return Check("docker daemon", False, f"no {sock}")
-    try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(2)
-            s.connect(sock)
-            s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
-            answer = s.recv(256).decode(errors="replace")
-    except OSError as exc:
-        return Check("docker daemon", False, f"{sock}: {exc}")
-    return Check("docker daemon", "200 OK" in answer, answer.splitlines()[0] if answer else "no answer")
 
 
 def _ksm() -> Check:
@@ -135,7 +119,6 @@ def diagnose() -> Report:
     add(Check("loadable kernel modules", modules, "yes" if modules else "kernel built without module support"))
     kmod = kmod_probe.probe()
     add(Check("bunshin kernel module", kmod.can_load, kmod.detail))
-    add(_docker())
     add(_chromium())
     release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
     add(Check("pidfd setns", release >= (5, 8), f"kernel {os.uname().release} (workers enter clones by pidfd)"))
@@ -158,6 +141,18 @@ def diagnose() -> Report:
               "; ".join(tree) if tree else "module loaded, builder at " + str(builder_path())))
     report.backends["kmod"] = (verdict[0] and not tree, "ready" if verdict[0] and not tree
                                else "; ".join(([verdict[1]] if not verdict[0] else []) + tree))
+    # Docker: images as workspace roots (--image docker:NAME) need a daemon that answers; the Docker runtime too,
+    # whose fork is not live: a fresh container from the source's committed files, its app's state restored
+    from ..images.docker_daemon import answers
+    from ..images.docker_roots import DEFAULT_SOCKET
+
+    dockerd, daemon = shutil.which("dockerd"), answers(DEFAULT_SOCKET)
+    add(Check("docker daemon", daemon, f"a daemon answers at {DEFAULT_SOCKET}" if daemon else
+              f"no daemon answers at {DEFAULT_SOCKET}" + ("" if dockerd else "; no dockerd (apt-get install docker.io)")))
+    report.backends["docker (--runtime docker)"] = (
+        verdict[0] and daemon, "ready; its fork is not live: a fresh container from the source's committed files "
+        "with the app's state restored, KSM merging what it can" if verdict[0] and daemon
+        else "; ".join(([verdict[1]] if not verdict[0] else []) + ([] if daemon else ["no Docker daemon"])))
     # What neither backend can carry (a browser's processes: threads, a GPU process, sockets to its children) is
     # forked by replay, whichever backend runs: the clone starts its own and is brought to the source's state
     browser = verdict[0] and report.ok("chromium")
