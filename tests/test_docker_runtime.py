@@ -220,3 +220,11 @@ async def test_an_app_without_an_image_is_refused_by_name(make_runtime, docker_d
     rt = await make_runtime(runtime="docker")
     with pytest.raises(Exception, match="needs an image"):
         await rt.create(AppSpec(target="bunshin.envs.runtime.heap_app:HeapApp", kwargs={"size_bytes": 1 << 20}))
+
+
+async def test_a_batch_on_a_missing_image_ends_every_rollout_with_a_typed_status(
+        state_dir: Path, docker_daemon: str, loop_watchdog: None) -> None:
+    trajectories = await batch("webshop", state_dir, "docker", image="docker:bunshin/no-such-image:0")
+    assert len(trajectories) == 9
+    assert {t.status for t in trajectories} == {Status.SETUP_FAILED}
+    assert all("'bunshin/no-such-image:0' is not on this daemon" in (t.error or "") for t in trajectories)
