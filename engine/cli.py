@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from bunshin.envs.images.docker_roots import DockerError
 from bunshin.envs.runtime.fork.registry import BACKENDS
 
 from . import event_loop
@@ -359,7 +360,7 @@ def ray_cluster(address: str | None) -> Iterator[str | None]:
 def main(argv: list[str] | None = None) -> int:
     """The entry point: parse ``argv``, run the command, return its exit status. The one place a refusal becomes an
     exit: an ``ArgumentRefused`` as argparse's own errors (usage, status 2), any other ``CommandError`` as its message
-    on stderr and status 1."""
+    on stderr and status 1; a Docker daemon that does not answer or lacks an image (``DockerError``) likewise."""
     args = build_parser().parse_args(argv)
     try:
         return run(args)
@@ -370,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(exc)) from exc
     except CommandError as exc:
         raise SystemExit(str(exc)) from exc
+    except DockerError as exc:  # no daemon, an image it lacks: the machine's state, named, not a crash of ours
+        raise SystemExit(f"bunshin {args.command}: {type(exc).__name__}: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:

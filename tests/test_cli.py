@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ def bunshin(*args: str, **kw) -> subprocess.CompletedProcess[str]:
                           timeout=600, **kw)
 
 
-def test_doctor_reports_checks_and_backends() -> None:
+def test_doctor_reports_checks_and_backends(docker_daemon: str) -> None:
     proc = bunshin("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -29,7 +30,10 @@ def test_doctor_reports_checks_and_backends() -> None:
     assert report["backends"]["cow"]["available"] is True
     from bunshin.envs.runtime.fork.registry import BACKENDS
 
-    assert list(report["backends"]) == list(BACKENDS)  # the backends that exist, nothing "not built yet"
+    docker = "docker (--runtime docker)"  # the backends that exist, nothing "not built yet"; Docker's is no live fork
+    assert list(report["backends"]) == [*BACKENDS, docker]
+    assert report["backends"][docker]["available"] is True
+    assert "its fork is not live" in report["backends"][docker]["detail"]
     assert "not built yet" not in proc.stdout
     # which image each suite's workspaces stand on, and whether it is built here
     assert {"suite": "webshop", "knobs": {"browser": "chromium"}, "images": ["chromium"]} in report["suites"]
@@ -480,3 +484,19 @@ def test_bench_desktop_measures_a_real_desktop_and_writes_its_json_and_plot(tmp_
     assert rows["create to a session that answers"]["p50"] > 0 and rows["PSS after set-up"]["p50"] > 100  # MiB
     assert rows["screenshot"]["n"] == 1 and data["concurrent"][0]["desktops"] == 1
     assert plot.stat().st_size > 10_000
+
+
+def test_the_command_line_names_a_daemon_down_and_refuses_a_backend_beside_the_docker_runtime(
+        tmp_path: Path) -> None:
+    env = dict(os.environ, BUNSHIN_DOCKER_HOST="unix:///nonexistent/docker.sock")
+    bunshin = [sys.executable, "-m", "bunshin.engine.cli"]
+    down = subprocess.run([*bunshin, "eval", "--suite", "webshop", "--runtime", "docker", "--limit", "1", "--out",
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 1 and "Traceback" not in down.stderr
+    assert "DockerUnavailable: no Docker daemon answers at unix:///nonexistent/docker.sock" in down.stderr
+    both = subprocess.run([*bunshin, "eval", "--suite", "webshop", "--runtime", "docker", "--backend", "kmod",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert both.returncode == 1 and "drop --backend kmod" in both.stderr
+    bad = subprocess.run([*bunshin, "eval", "--suite", "webshop", "--image", "docker:", "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not a Docker image reference" in bad.stderr

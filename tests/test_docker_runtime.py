@@ -228,3 +228,4 @@ async def test_a_batch_on_a_missing_image_ends_every_rollout_with_a_typed_status
     assert len(trajectories) == 9
     assert {t.status for t in trajectories} == {Status.SETUP_FAILED}
     assert all("'bunshin/no-such-image:0' is not on this daemon" in (t.error or "") for t in trajectories)
+

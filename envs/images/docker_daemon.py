@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .docker_roots import DEFAULT_SOCKET, DockerRef, DockerUnavailable, Progress, import_root
-from .store import BuiltImage
+from .store import BuiltImage, stop_group
 
 START_TIMEOUT_S = 60.0
 DOCKER_REPO = "bunshin"
@@ -81,16 +80,10 @@ def _ok(sock: socket.socket) -> bool:
 
 
 def _stop(proc: subprocess.Popen[bytes], socket_path: str) -> None:
-    """SIGTERM (dockerd stops its containers and cleans its mounts), SIGKILL after a minute."""
+    """dockerd's group stopped (on SIGTERM it stops its containers and cleans its mounts; SIGKILL after a minute),
+    its socket removed."""
     if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout_s=60.0)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
 

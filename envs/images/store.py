@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -207,7 +208,7 @@ def _run_mmdebstrap(recipe: ImageRecipe, target: Path, progress: Progress, timeo
 
     def stop_at_deadline() -> None:
         overran.set()
-        _stop_group(proc)
+        stop_group(proc)
 
     timer = threading.Timer(timeout_s, stop_at_deadline)  # the deadline, even while the builder is silent
     timer.daemon = True
@@ -259,12 +260,13 @@ def _install_pip(recipe: ImageRecipe, root: Path, progress: Progress, timeout_s:
                                    + (done.stdout + done.stderr)[-3000:])
 
 
-def _stop_group(proc: subprocess.Popen[str]) -> None:
-    """Ask the builder's process group to stop (mmdebstrap cleans up on SIGTERM); kill it if it has not in 20 s."""
+def stop_group(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    """Ask a process group led by ``proc`` to stop (SIGTERM: mmdebstrap and dockerd clean up on it); kill it if it
+    has not within ``timeout_s``."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -278,7 +280,7 @@ def _killed_on_exit(proc: subprocess.Popen[str]) -> Iterator[None]:
         yield
     finally:
         if proc.poll() is None:
-            _stop_group(proc)
+            stop_group(proc)
 
 
 def installed_packages(root: Path) -> dict[str, str]:

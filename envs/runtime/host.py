@@ -128,6 +128,11 @@ class Host:
                 os.close(fd)
             state.pool_fd = self.pool_path_fd = state.layer_fd = -1
         namespaces.loopback_up()
+        self._start_app(start)
+
+    def _start_app(self, start: float) -> None:
+        """The app set up, or restored from its dump; then Ready."""
+        state, cfg = self.state, self.state.config
         if cfg.restore_from is not None:
             checkpoint.restore_app(state, cfg.restore_from, cfg.restore_workers)
         else:
@@ -138,19 +143,13 @@ class Host:
     def _build_in_container(self, start: float) -> None:
         """In a Docker container: its namespaces, root, cgroup and network are the daemon's; the app is set up (or
         restored) in place."""
-        state, cfg = self.state, self.state.config
-        if cfg.merge_memory:
+        if self.state.config.merge_memory:
             syscalls.prctl(syscalls.PR_SET_MEMORY_MERGE, 1)
         with contextlib.suppress(PermissionError), open("/proc/self/oom_score_adj", "w") as f:
             f.write(str(HOST_OOM_SCORE_ADJ))
         os.chdir("/")
         image.add_agent_user(Path("/"))  # a Docker image knows no agent user (a clone's committed files have it)
-        if cfg.restore_from is not None:
-            checkpoint.restore_app(state, cfg.restore_from, cfg.restore_workers)
-        else:
-            state.app.setup(state.ctx)
-        state.fault("start.after_setup")
-        state.reply(Ready(ws_id=state.ws_id, pid=self.engine_pid, setup_s=time.monotonic() - start))
+        self._start_app(start)
 
     # -- serving ----------------------------------------------------------------------------------------------
     def serve(self) -> None:
