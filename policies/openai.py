@@ -24,7 +24,7 @@ What is sent to ``POST {base_url}/chat/completions``::
      "tools": [ACT_TOOL], "tool_choice": "auto",        # unless tools=[] (then neither is sent);
                                                          #   tools="suite": suite_tools(suite)
      "seed": ...,                                        # per turn, from the sample's seed and the step
-     "logprobs": true,                                   # unless logprobs=False
+     "logprobs": true, "top_logprobs": 0,                # unless logprobs=False (llama.cpp needs top_logprobs)
      "return_token_ids": true,                           # vLLM >= 0.10.2 and SGLang: choices[0].token_ids,
                                                          #   vLLM also the top-level prompt_token_ids
      "return_prompt_token_ids": true,                    # SGLang: choices[0].prompt_token_ids
@@ -386,6 +386,8 @@ class OpenAIPolicy(Policy):
             body["tool_choice"] = "auto"
         if self.logprobs:
             body["logprobs"] = True
+            body["top_logprobs"] = 0  # llama.cpp's server sends no per-token log-probs without it (0: none of the
+            # alternatives, which nobody reads; vLLM and SGLang take it alike)
         if self.send_seed:
             body["seed"] = self.seed_for(ctx)
         if self.token_ids:
