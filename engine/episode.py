@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bunshin.envs.records import Observation, ToolCall
-from bunshin.envs.suites.base import Suite, SuiteTask, observation_text
+from bunshin.envs.suites.base import ActionError, Suite, SuiteTask, observation_text
 from bunshin.policies.base import Decision, PolicyContext
 
 from .records import Status, Step, StepObservation, Trajectory
@@ -83,11 +83,15 @@ class Episode:
                         error=f"the model's reply was cut at its token limit (finish_reason 'length') at step "
                               f"{self.step}")
         text = decision.action if isinstance(decision.action, str) else None
-        call = self.suite.parse_action(text) if text is not None else decision.action
-        if not isinstance(call, ToolCall):
-            raise TypeError(f"a decision's action is text or a ToolCall, not {type(call).__name__}")
-        call = self.suite.normalize(call)  # the suite's schema: defaults filled in, types as declared; refuses
-        # anything outside the agent's tools (a suite's internal tools, which run as root, above all)
+        try:
+            call = self.suite.parse_action(text) if text is not None else decision.action
+            if not isinstance(call, ToolCall):
+                raise TypeError(f"a decision's action is text or a ToolCall, not {type(call).__name__}")
+            call = self.suite.normalize(call)  # the suite's schema: defaults filled in, types as declared; refuses
+            # anything outside the agent's tools (a suite's internal tools, which run as root, above all)
+        except ActionError:
+            self._final_turn(decision)  # the model's turn, refused: recorded, so that a trainer sees what it said
+            raise
         if self.suite.is_final(call):
             t.final, t.final_text = call, text
             self._final_turn(decision)

@@ -358,7 +358,11 @@ def test_an_episode_that_reaches_its_step_limit_stops_with_the_null_action() -> 
 
 
 def test_an_action_outside_the_language_is_an_action_error() -> None:
+    refused = episode()
     with pytest.raises(ActionError):
-        episode().next_move(Decision(action="fly away"))
+        refused.next_move(Decision(action="fly away", token_ids=[7, 8], logprobs=[-0.5, -0.25], finish_reason="stop"))
+    t = refused.trajectory  # the model's refused turn is recorded, so that a trainer sees what it said
+    assert (t.final_token_ids, t.final_logprobs, t.final_finish_reason) == ([7, 8], [-0.5, -0.25], "stop")
+    assert t.final_policy_version == 0
     with pytest.raises(ActionError):  # a tool call the policy made up is checked by the suite's schema too
         episode().next_move(Decision(action=ToolCall(name="_put_file", args={"path": "/etc/passwd"})))
