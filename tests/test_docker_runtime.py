@@ -229,3 +229,15 @@ async def test_a_batch_on_a_missing_image_ends_every_rollout_with_a_typed_status
     assert {t.status for t in trajectories} == {Status.SETUP_FAILED}
     assert all("'bunshin/no-such-image:0' is not on this daemon" in (t.error or "") for t in trajectories)
 
+
+
+async def test_a_dead_runs_groups_left_only_in_hierarchies_we_do_not_use_are_removed(state_dir: Path) -> None:
+    from bunshin.envs.runtime.cleanup import remove_stale_runs
+
+    others = [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir() and p.name in ("unified", "blkio", "devices")]
+    assert others, "no other hierarchy mounted here"
+    left = [root / "bunshin-19990101000000-dead00" for root in others]
+    for group in left:
+        (group / "0123abcd").mkdir(parents=True)  # as Docker leaves a container's parent and the container's own
+    remove_stale_runs(state_dir)
+    assert [g for g in left if g.exists()] == []

@@ -110,7 +110,9 @@ def remove_stale_runs(state_dir: Path) -> list[str]:
     except CgroupUnavailable:
         layout = None
     if layout is not None:
-        names = {p.name for root in layout.hierarchies().values() for p in root.glob("bunshin-*") if p.is_dir()}
+        # every hierarchy, not only ours: a Docker run's containers' parent is in each (``docker_hosts.py``)
+        roots = {*layout.hierarchies().values(), *(p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir())}
+        names = {p.name for root in roots for p in root.glob("bunshin-*") if p.is_dir()}
         for name in sorted(names):
             run_id = name.removeprefix("bunshin-")
             # re-read the registry: an engine may have registered (then made its cgroups) since ``live`` was read
